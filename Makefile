@@ -1,0 +1,52 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Set-up is idempotent: the stamps below are rebuilt only when the pinned files change.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+DEMO_DIR ?= out/demo
+DEMO_STEPS ?=
+
+export CDK8S_CHECK_UPGRADE := false
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export CDK_DISABLE_CLI_TELEMETRY := true
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup synth synth-cdk synth-k8s demo test lint bench clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+node_modules/.installed: package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+synth: synth-cdk synth-k8s
+
+synth-cdk: setup
+	npx cdk synth --all --quiet
+
+synth-k8s: setup
+	npx cdk8s synth
+
+demo: synth
+	$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS))
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(PY) -m ruff check .
+
+bench: setup
+	for b in bench/*.py; do [ "$$b" = bench/gpu_throughput.py ] || $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf cdk.out dist out .pytest_cache

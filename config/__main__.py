@@ -1,0 +1,47 @@
+"""`python -m config check [FILE]`: validate a variable file and print the plan it implies."""
+
+from __future__ import annotations
+
+import argparse
+
+from config.catalog import load_catalog
+from config.loader import load_or_exit, resolve_path
+from config.model import ClusterConfig
+
+
+def plan(config: ClusterConfig) -> str:
+    """A short human summary: nodes, GPUs, world size, EFA, pod resources and cost."""
+    lines = [f"cluster {config.cluster.name} in {config.region} (GPU nodes in {config.gpu_availability_zone}), "
+             f"EKS {config.cluster.kubernetes_version}, transport {config.nccl.transport}"]
+    system = config.cluster.system_nodes
+    lines.append(f"  system: {system.nodes} x {system.instance_type}; Ray head {config.ray.head.cpu} CPU, "
+                 f"{config.ray.head.memory_gib} GiB")
+    for group in config.cluster.worker_groups:
+        itype = config.instance(group)
+        res = config.pod_resources[group.name]
+        lines.append(
+            f"  {group.name}: {group.nodes} x {group.instance_type} ({group.capacity}), {itype.gpus} x "
+            f"{itype.gpu_model} per node, {config.pods_per_node(group)} pod(s)/node, {config.pods(group)} pods; "
+            f"per pod {res.gpus} GPU, {res.cpu} CPU, {res.memory_gib} GiB, /dev/shm {res.shm_gib} GiB, "
+            f"EFA {res.efa_devices}, hugepages-2Mi {res.hugepages_2mi_mib} MiB")
+    lines.append(f"  world size {config.world_size} (one Ray Train worker per GPU, {config.cpus_per_worker} CPU each), "
+                 f"gradient accumulation {config.grad_accumulation}")
+    lines.append(f"  on-demand cost ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit 0 with the plan, or 2 with one line per problem on stderr."""
+    parser = argparse.ArgumentParser(prog="python -m config", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate a variable file and print its plan")
+    check.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    args = parser.parse_args(argv)
+    config = load_or_exit(args.file)
+    print(f"{resolve_path(args.file)}: OK")
+    print(plan(config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

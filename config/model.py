@@ -1,0 +1,532 @@
+"""Typed model of the variable file (`config/cluster.yaml`).
+
+Every field carries a description with its unit; the README's reference table is generated
+from these descriptions. Field-level checks live on the fields; rules that relate several
+fields live in `ClusterConfig.cross_field_problems`, so the loader can report them all at once.
+Derived values (pods per node, world size, pod resources, /dev/shm, hugepages, EFA devices)
+are computed once, on first use, from the model and the instance catalog.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from config.catalog import InstanceType, load_catalog
+
+# Packages the DLC image ships and the job depends on. Installing another version from the
+# runtime env replaces the image's build (the walkthrough silently downgraded transformers).
+PROTECTED_PACKAGES = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "ray",
+        "transformers",
+        "nvidia-nccl-cu12",
+        "nvidia-nccl-cu13",
+        "nccl",
+        "aws-ofi-nccl",
+        "libfabric",
+        "triton",
+        "flash-attn",
+    }
+)
+
+# Images whose Ray version is known. A rayproject/ray:X.Y.Z tag is parsed instead.
+KNOWN_IMAGES: dict[str, str] = {
+    "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1": "2.58.0",
+}
+
+# kubelet reserves on EKS AMIs (the bootstrap formula): CPU in millicores by core band,
+# memory 255 MiB + 11 MiB per schedulable pod, plus the 100 MiB hard eviction threshold.
+_EVICTION_MIB = 100
+# DaemonSets on every node (aws-node, kube-proxy, pod-identity agent, device plugins,
+# CloudWatch agent): budgeted generously so a worker pod never sits Pending.
+_DAEMONSET_CPU_M = 1000
+_DAEMONSET_MEM_MIB = 2048
+# The kernel and firmware keep part of the nominal memory: kubelet capacity is MemTotal.
+_USABLE_MEMORY_FRACTION = 0.95
+# System pods that share the head's node (CoreDNS, KubeRay operator, metrics).
+_SYSTEM_PODS_CPU_M = 1000
+_SYSTEM_PODS_MEM_MIB = 2048
+# libfabric's EFA provider registers its bounce buffers in 2 MiB huge pages; the AWS EFA
+# examples give each pod 5 GiB of them.
+EFA_HUGEPAGES_MIB_PER_POD = 5120
+# /dev/shm: NCCL's intra-node buffers and the data loader live there; memory-backed, it
+# counts against the pod's memory limit, so a quarter of it, capped.
+_SHM_FRACTION = 0.25
+_SHM_CAP_GIB = 64
+
+EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
+NAT_GATEWAY_USD_PER_HOUR = 0.045
+
+_AZ_RE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d)[a-z]$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One thing wrong with a variable file: where (dotted path) and what to do."""
+
+    path: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodResources:
+    """Resources one Ray pod requests (and limits to) on a node of a group."""
+
+    cpu: int
+    """Whole CPUs per pod."""
+    memory_gib: int
+    """Memory per pod, GiB (excludes huge pages)."""
+    shm_gib: int
+    """Size of the memory-backed /dev/shm, GiB (part of the memory above)."""
+    hugepages_2mi_mib: int
+    """2 MiB huge pages per pod, MiB (0 without EFA)."""
+    efa_devices: int
+    """`vpc.amazonaws.com/efa` devices per pod (0 for socket transport)."""
+    gpus: int
+    """`nvidia.com/gpu` per pod."""
+
+
+class NetworkConfig(_Strict):
+    """The VPC."""
+
+    vpc_cidr: str = Field(default="10.0.0.0/16", description="VPC IPv4 CIDR block.")
+    max_azs: int = Field(
+        default=2, ge=2, le=6, description="Availability zones the VPC spans (EKS needs at least 2)."
+    )
+    nat_gateways: int = Field(
+        default=1, ge=1, le=6, description="NAT gateways (one keeps cost down; one per AZ for HA)."
+    )
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            raise ValueError(f"not an IPv4 CIDR block ({exc}); write e.g. 10.0.0.0/16") from exc
+        return value
+
+
+class SystemNodes(_Strict):
+    """The CPU node group that runs the Ray head and system pods."""
+
+    instance_type: str = Field(default="m7i.2xlarge", description="EC2 instance type (catalog).")
+    nodes: int = Field(default=2, description="Node count (min = desired = max), nodes.")
+    disk_gib: int = Field(default=100, ge=20, description="Root volume size, GiB (gp3, encrypted).")
+
+
+class WorkerGroup(_Strict):
+    """One GPU node group and its matching Ray worker group."""
+
+    name: str = Field(
+        description="Group name (lowercase letters, digits, '-'); names the node group and Ray group.",
+        pattern=r"^[a-z][a-z0-9-]{0,30}$",
+    )
+    instance_type: str = Field(description="EC2 GPU instance type (catalog).")
+    nodes: int = Field(description="Desired node count, nodes; also the Ray pods' node count.")
+    min_nodes: int | None = Field(default=None, description="Node group minimum, nodes (default: nodes).")
+    max_nodes: int | None = Field(default=None, description="Node group maximum, nodes (default: nodes).")
+    gpus_per_pod: int = Field(description="GPUs per Ray worker pod; must divide the instance's GPUs.")
+    capacity: Literal["on_demand", "spot", "capacity_block"] = Field(
+        default="on_demand", description="Capacity type: on_demand, spot or capacity_block."
+    )
+    capacity_reservation_id: str | None = Field(
+        default=None, description="EC2 capacity reservation id (cr-...), required for capacity_block."
+    )
+    gpudirect_rdma: bool = Field(
+        default=False,
+        description="Ask libfabric for GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1); only p4d/p5 have it.",
+    )
+    disk_gib: int = Field(
+        default=300, ge=100, description="Root volume, GiB (the DLC image is many GB; NVMe takes it where present)."
+    )
+
+    @property
+    def effective_min(self) -> int:
+        """Node group minimum size, nodes."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def effective_max(self) -> int:
+        """Node group maximum size, nodes."""
+        return self.nodes if self.max_nodes is None else self.max_nodes
+
+
+class ClusterSection(_Strict):
+    """The EKS cluster."""
+
+    name: str = Field(
+        default="ray-efa", pattern=r"^[a-z][a-z0-9-]{1,40}$", description="EKS cluster name and resource prefix."
+    )
+    kubernetes_version: str = Field(default="1.34", description="EKS Kubernetes version (1.34 or later).")
+    endpoint_access: Literal["public", "private", "public_and_private"] = Field(
+        default="public_and_private", description="API server endpoint access."
+    )
+    public_access_cidrs: list[str] = Field(
+        default_factory=lambda: ["0.0.0.0/0"],
+        description="CIDRs allowed to reach a public endpoint (restrict to your office/VPN).",
+    )
+    admin_role_arn: str | None = Field(
+        default=None, description="IAM role ARN granted cluster admin through an access entry (None: none)."
+    )
+    cloudwatch_observability: bool = Field(
+        default=False, description="Install the amazon-cloudwatch-observability add-on (GPU and EFA metrics)."
+    )
+    system_nodes: SystemNodes = Field(default_factory=SystemNodes, description="System node group.")
+    worker_groups: list[WorkerGroup] = Field(min_length=1, description="GPU worker groups.")
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        match = re.fullmatch(r"1\.(\d+)", value)
+        if not match or int(match.group(1)) < 34:
+            raise ValueError("use a current EKS version, 1.34 or later, written like \"1.34\"")
+        return value
+
+    @field_validator("admin_role_arn")
+    @classmethod
+    def _arn(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+", value):
+            raise ValueError("not an IAM role ARN; write arn:aws:iam::123456789012:role/NAME")
+        return value
+
+
+class NcclConfig(_Strict):
+    """How NCCL moves data between nodes."""
+
+    transport: Literal["efa", "socket"] = Field(
+        default="efa", description="Inter-node transport: efa (libfabric + aws-ofi-nccl) or socket (TCP)."
+    )
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] = Field(
+        default="INFO", description="NCCL_DEBUG level (INFO shows which network NCCL picked)."
+    )
+
+
+class HeadConfig(_Strict):
+    """The Ray head pod (on a system node; no GPU)."""
+
+    cpu: int = Field(default=4, ge=1, description="Head CPUs (request = limit).")
+    memory_gib: int = Field(default=16, ge=2, description="Head memory, GiB (request = limit).")
+
+
+class RayConfig(_Strict):
+    """Ray, KubeRay and the container image."""
+
+    image: str = Field(
+        default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+        description="Container image for head and workers, pinned by tag (never built here).",
+    )
+    ray_version: str = Field(default="2.58.0", description="Ray version inside the image (must match it).")
+    kuberay_version: str = Field(default="1.7.0", description="KubeRay operator Helm chart version.")
+    namespace: str = Field(default="ray", pattern=r"^[a-z0-9-]{1,63}$", description="Kubernetes namespace for Ray.")
+    service_account: str = Field(
+        default="ray-train", pattern=r"^[a-z0-9-]{1,63}$", description="Service account bound to S3 by Pod Identity."
+    )
+    head: HeadConfig = Field(default_factory=HeadConfig, description="Ray head resources.")
+    extra_pip_packages: list[str] = Field(
+        default_factory=list, description="Extra pip requirements for the runtime env (never torch/ray/transformers/NCCL)."
+    )
+    preflight: bool = Field(default=True, description="Run the EFA/GPU preflight checks before training.")
+    prepull_image: bool = Field(default=True, description="Pre-pull the image on GPU nodes with a DaemonSet.")
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        name, _, tag = value.rpartition(":")
+        if "@sha256:" in value:
+            return value
+        if not name or "/" in tag or not tag:
+            raise ValueError("image has no tag; pin it, e.g. ...:train-ml-cuda-v1.1")
+        if tag == "latest":
+            raise ValueError("image pinned to 'latest' drifts between nodes; pin a versioned tag")
+        return value
+
+
+class StorageConfig(_Strict):
+    """Where checkpoints and the exported model go."""
+
+    bucket_name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="S3 bucket name (None: '<cluster>-ckpt-<account>-<region>', resolved at deploy and run time).",
+    )
+    prefix: str = Field(default="ray-finetune", pattern=r"^[A-Za-z0-9_.-]+$", description="Key prefix the job may use.")
+    removal_policy: Literal["retain", "destroy"] = Field(
+        default="retain", description="What `cdk destroy` does to the bucket: retain or destroy (empties it)."
+    )
+    noncurrent_days: int = Field(
+        default=7, ge=1, description="Days before superseded object versions are deleted, days."
+    )
+    checkpoint_expiry_days: int = Field(
+        default=30, ge=1, description="Days before checkpoint objects under the prefix expire, days."
+    )
+
+
+class JobConfig(_Strict):
+    """The fine-tuning job."""
+
+    model: str = Field(default="Qwen/Qwen2.5-1.5B", description="Hugging Face model id or local/S3 path.")
+    dataset: str = Field(
+        default="yahma/alpaca-cleaned", description="Dataset: hub id, local path, s3:// path, or a .jsonl/.parquet file."
+    )
+    dataset_split: str = Field(default="train", description="Dataset split to train on.")
+    instruction_field: str = Field(default="instruction", description="Dataset column with the prompt.")
+    response_field: str = Field(default="output", description="Dataset column with the answer.")
+    eval_fraction: float = Field(default=0.01, ge=0, lt=0.5, description="Fraction held out for evaluation.")
+    seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
+    micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")
+    global_batch_size: int = Field(
+        default=64, gt=0, description="Sequences per optimizer step across all GPUs (sets gradient accumulation)."
+    )
+    learning_rate: float = Field(default=2e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=20, ge=0, description="Linear warm-up, optimizer steps.")
+    max_steps: int = Field(default=500, gt=0, description="Optimizer steps to train.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
+    mask_prompt: bool = Field(default=True, description="Exclude prompt tokens from the loss.")
+    checkpoint_every: int = Field(default=100, gt=0, description="Checkpoint interval, optimizer steps.")
+    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept by Ray.")
+    report_every: int = Field(default=10, gt=0, description="Metrics report interval, optimizer steps.")
+    max_failures: int = Field(default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).")
+    activation_checkpointing: bool = Field(default=True, description="Recompute activations in backward.")
+    compile: bool = Field(default=False, description="torch.compile each decoder layer.")
+    attn_implementation: Literal["flash_attention_2", "sdpa", "eager"] = Field(
+        default="sdpa", description="Attention kernel (flash_attention_2 is in the DLC image)."
+    )
+    seed: int = Field(default=42, description="Seed for data order and initialisation.")
+    run_name: str = Field(
+        default="qwen2.5-1.5b-sft", pattern=r"^[A-Za-z0-9_.-]+$", description="Stable run name; a rerun resumes it."
+    )
+    timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
+    retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
+    ttl_hours: float = Field(default=1, ge=0, description="Hours a finished RayJob's cluster is kept.")
+
+
+class ClusterConfig(_Strict):
+    """The whole variable file: infrastructure, manifests and job derive from it."""
+
+    region: str = Field(default="us-east-2", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$", description="AWS region.")
+    gpu_availability_zone: str = Field(
+        default="us-east-2b", description="The one AZ all GPU nodes run in (cluster placement group)."
+    )
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC settings.")
+    cluster: ClusterSection = Field(description="EKS cluster and node groups.")
+    nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL transport.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray, KubeRay and image.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Checkpoint storage.")
+    job: JobConfig = Field(default_factory=JobConfig, description="The fine-tuning job.")
+
+    # ---- cross-field rules -------------------------------------------------------------
+
+    def cross_field_problems(self) -> list[Problem]:
+        """Every rule that relates several fields, all checked, each naming the field and the fix."""
+        problems: list[Problem] = []
+        catalog = load_catalog()
+        add = lambda path, message: problems.append(Problem(path=path, message=message))  # noqa: E731
+
+        az = _AZ_RE.fullmatch(self.gpu_availability_zone)
+        if not az or az.group("region") != self.region:
+            add("gpu_availability_zone", f"'{self.gpu_availability_zone}' is not an AZ of region {self.region}; "
+                f"use e.g. {self.region}b")
+
+        system = self.cluster.system_nodes
+        system_type = catalog.get(system.instance_type)
+        if system_type is None:
+            add("cluster.system_nodes.instance_type", _unknown_type(system.instance_type))
+        if system.nodes < 1:
+            add("cluster.system_nodes.nodes", "must be at least 1; the Ray head runs there")
+        if system_type is not None:
+            cpu_m, mem_mib = _allocatable(system_type)
+            cpu_m -= _SYSTEM_PODS_CPU_M
+            mem_mib -= _SYSTEM_PODS_MEM_MIB
+            head = self.ray.head
+            if head.cpu * 1000 > cpu_m or head.memory_gib * 1024 > mem_mib:
+                add("ray.head", f"head ({head.cpu} CPU, {head.memory_gib} GiB) does not fit a "
+                    f"{system.instance_type} after system pods ({cpu_m // 1000} CPU, {mem_mib // 1024} GiB free); "
+                    "lower ray.head or pick a larger cluster.system_nodes.instance_type")
+
+        seen: set[str] = set()
+        for i, group in enumerate(self.cluster.worker_groups):
+            base = f"cluster.worker_groups.{i}"
+            if group.name in seen:
+                add(f"{base}.name", f"duplicate worker-group name '{group.name}'; give each group its own name")
+            seen.add(group.name)
+            problems.extend(self._group_problems(base, group))
+
+        image_version = _image_ray_version(self.ray.image)
+        if image_version is not None and image_version != self.ray.ray_version:
+            add("ray.ray_version", f"{self.ray.ray_version} does not match the image, which ships Ray "
+                f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
+
+        for j, requirement in enumerate(self.ray.extra_pip_packages):
+            name = _requirement_name(requirement)
+            if name in PROTECTED_PACKAGES:
+                add(f"ray.extra_pip_packages.{j}", f"'{requirement}' would replace the image's {name}; "
+                    "remove it (the image's torch/ray/transformers/NCCL stack is tested together)")
+
+        job = self.job
+        if self.cluster.worker_groups and not problems:
+            per_step = job.micro_batch_size * self.world_size
+            if job.global_batch_size % per_step:
+                add("job.global_batch_size", f"{job.global_batch_size} is not a multiple of micro_batch_size x "
+                    f"world size = {job.micro_batch_size} x {self.world_size} = {per_step}; use a multiple of {per_step}")
+        if job.warmup_steps >= job.max_steps:
+            add("job.warmup_steps", f"{job.warmup_steps} warm-up steps leave none of max_steps={job.max_steps}; "
+                "lower job.warmup_steps")
+        return problems
+
+    def _group_problems(self, base: str, group: WorkerGroup) -> list[Problem]:
+        problems: list[Problem] = []
+        add = lambda path, message: problems.append(Problem(path=path, message=message))  # noqa: E731
+        if group.nodes < 1:
+            add(f"{base}.nodes", "must be at least 1")
+        if group.min_nodes is not None and group.min_nodes < 0:
+            add(f"{base}.min_nodes", "must be 0 or more")
+        if group.effective_max < max(group.nodes, 1) or group.effective_min > group.nodes:
+            add(f"{base}.max_nodes", "need min_nodes <= nodes <= max_nodes")
+        if group.capacity == "capacity_block" and not group.capacity_reservation_id:
+            add(f"{base}.capacity_reservation_id", "capacity_block needs the reservation id (cr-...)")
+        if group.capacity_reservation_id and group.capacity != "capacity_block":
+            add(f"{base}.capacity_reservation_id", "only used with capacity: capacity_block; remove it")
+        itype = load_catalog().get(group.instance_type)
+        if itype is None:
+            add(f"{base}.instance_type", _unknown_type(group.instance_type))
+            return problems
+        if itype.gpus == 0:
+            add(f"{base}.instance_type", f"{itype.name} has no GPU; pick a GPU type such as g6.12xlarge")
+            return problems
+        if group.gpus_per_pod < 1 or group.gpus_per_pod > itype.gpus:
+            add(f"{base}.gpus_per_pod", f"{group.gpus_per_pod} is outside 1..{itype.gpus} "
+                f"({itype.name} has {itype.gpus} GPUs); use a divisor of {itype.gpus}")
+        elif itype.gpus % group.gpus_per_pod:
+            add(f"{base}.gpus_per_pod", f"{group.gpus_per_pod} does not divide {itype.name}'s {itype.gpus} GPUs; "
+                f"use one of {[d for d in range(1, itype.gpus + 1) if itype.gpus % d == 0]}")
+        elif self.nccl.transport == "efa" and itype.has_efa:
+            pods = itype.gpus // group.gpus_per_pod
+            if itype.efa_interfaces % pods:
+                add(f"{base}.gpus_per_pod", f"{pods} pods per {itype.name} cannot share its {itype.efa_interfaces} "
+                    f"EFA interface(s) evenly; use gpus_per_pod: {itype.gpus}")
+        if self.nccl.transport == "efa" and not itype.has_efa:
+            add("nccl.transport", f"efa, but {base}.instance_type {itype.name} has no EFA (EFA needs e.g. "
+                "g6.8xlarge or larger); use transport: socket or an EFA instance type")
+        if group.gpudirect_rdma and not itype.gpudirect_rdma:
+            add(f"{base}.gpudirect_rdma", f"{itype.name} has no GPUDirect RDMA (libfabric aborts with "
+                "FI_EFA_USE_DEVICE_RDMA=1); set it to false")
+        if group.gpudirect_rdma and self.nccl.transport != "efa":
+            add(f"{base}.gpudirect_rdma", "GPUDirect RDMA needs nccl.transport: efa")
+        return problems
+
+    # ---- derived values (computed once) ---------------------------------------------------
+
+    def instance(self, group: WorkerGroup) -> InstanceType:
+        """Catalog entry for a worker group (valid after loading)."""
+        return load_catalog().instances[group.instance_type]
+
+    @cached_property
+    def system_instance(self) -> InstanceType:
+        """Catalog entry of the system node group."""
+        return load_catalog().instances[self.cluster.system_nodes.instance_type]
+
+    def pods_per_node(self, group: WorkerGroup) -> int:
+        """Ray worker pods on each node of the group."""
+        return self.instance(group).gpus // group.gpus_per_pod
+
+    def pods(self, group: WorkerGroup) -> int:
+        """Ray worker pods (replicas) in the group."""
+        return group.nodes * self.pods_per_node(group)
+
+    @cached_property
+    def pod_resources(self) -> dict[str, PodResources]:
+        """Per-pod resources for each worker group, by group name."""
+        return {g.name: self._pod_resources(g) for g in self.cluster.worker_groups}
+
+    def _pod_resources(self, group: WorkerGroup) -> PodResources:
+        itype = self.instance(group)
+        pods = self.pods_per_node(group)
+        efa = self.nccl.transport == "efa"
+        hugepages = EFA_HUGEPAGES_MIB_PER_POD if efa else 0
+        cpu_m, mem_mib = _allocatable(itype)
+        cpu = (cpu_m - _DAEMONSET_CPU_M) // pods // 1000
+        mem_gib = (mem_mib - _DAEMONSET_MEM_MIB - hugepages * pods) // pods // 1024
+        return PodResources(
+            cpu=cpu,
+            memory_gib=mem_gib,
+            shm_gib=min(_SHM_CAP_GIB, int(mem_gib * _SHM_FRACTION)),
+            hugepages_2mi_mib=hugepages,
+            efa_devices=itype.efa_interfaces // pods if efa else 0,
+            gpus=group.gpus_per_pod,
+        )
+
+    @cached_property
+    def world_size(self) -> int:
+        """Ray Train workers, one per GPU, across all worker groups."""
+        return sum(self.pods(g) * g.gpus_per_pod for g in self.cluster.worker_groups)
+
+    @cached_property
+    def cpus_per_worker(self) -> int:
+        """CPUs each Ray Train worker asks for (the smallest group's share, one CPU left for Ray)."""
+        return max(1, min((self.pod_resources[g.name].cpu - 1) // g.gpus_per_pod for g in self.cluster.worker_groups))
+
+    @cached_property
+    def grad_accumulation(self) -> int:
+        """Micro-batches per optimizer step on each worker."""
+        return self.job.global_batch_size // (self.job.micro_batch_size * self.world_size)
+
+    @cached_property
+    def gpu_peak_tflops(self) -> float:
+        """Dense bf16 peak per GPU of the first worker group, TFLOP/s (for MFU)."""
+        return self.instance(self.cluster.worker_groups[0]).gpu_bf16_tflops
+
+    def nvidia_nodes_hugepages(self, group: WorkerGroup) -> int:
+        """2 MiB huge pages each node of the group must reserve (vm.nr_hugepages)."""
+        return self.pod_resources[group.name].hugepages_2mi_mib * self.pods_per_node(group) // 2
+
+    def bucket_name(self, account: str) -> str:
+        """Checkpoint bucket name; `account` may be a CloudFormation token at deploy time."""
+        return self.storage.bucket_name or f"{self.cluster.name}-ckpt-{account}-{self.region}"
+
+    @cached_property
+    def cost_per_hour(self) -> float:
+        """On-demand cost of everything running, USD per hour (nodes, control plane, NAT)."""
+        nodes = sum(self.instance(g).usd_per_hour * g.nodes for g in self.cluster.worker_groups)
+        nodes += self.system_instance.usd_per_hour * self.cluster.system_nodes.nodes
+        return nodes + EKS_CONTROL_PLANE_USD_PER_HOUR + NAT_GATEWAY_USD_PER_HOUR * self.network.nat_gateways
+
+
+def _allocatable(itype: InstanceType) -> tuple[int, int]:
+    """Node allocatable (millicores, MiB) after kubelet reserves, as the EKS bootstrap computes it."""
+    cores = itype.vcpus
+    reserved_m = 60 + (10 if cores > 1 else 0) + 5 * min(max(cores - 2, 0), 2) + 2.5 * max(cores - 4, 0)
+    max_pods = 110 if cores < 30 else 250
+    capacity_mib = int(itype.memory_gib * 1024 * _USABLE_MEMORY_FRACTION)
+    mem_mib = capacity_mib - (255 + 11 * max_pods) - _EVICTION_MIB
+    return int(cores * 1000 - reserved_m), mem_mib
+
+
+def _unknown_type(name: str) -> str:
+    return f"unknown instance type '{name}'; use one listed in config/instances.yaml"
+
+
+def _image_ray_version(image: str) -> str | None:
+    if image in KNOWN_IMAGES:
+        return KNOWN_IMAGES[image]
+    match = re.fullmatch(r"(docker\.io/)?rayproject/ray(-ml)?:(\d+\.\d+\.\d+).*", image)
+    return match.group(3) if match else None
+
+
+def _requirement_name(requirement: str) -> str:
+    name = re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
