@@ -471,6 +471,12 @@ class ClusterConfig(_Strict):
         )
 
     @cached_property
+    def availability_zones(self) -> list[str]:
+        """VPC AZs: the GPU AZ first, then the region's next AZs by letter, `network.max_azs` in all."""
+        letters = [c for c in "abcdef" if f"{self.region}{c}" != self.gpu_availability_zone]
+        return [self.gpu_availability_zone] + [f"{self.region}{c}" for c in letters[: self.network.max_azs - 1]]
+
+    @cached_property
     def world_size(self) -> int:
         """Ray Train workers, one per GPU, across all worker groups."""
         return sum(self.pods(g) * g.gpus_per_pod for g in self.cluster.worker_groups)

@@ -1,0 +1,51 @@
+"""Kubernetes names shared by the CDK stacks and the cdk8s charts.
+
+Node labels and taints are put on node groups by the stacks and selected or tolerated by the
+charts; keeping them here is what stops the two from drifting apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from config.model import ClusterConfig, WorkerGroup
+
+ROLE_LABEL = "ray-efa.io/role"
+"""Node label: `system` on the system node group, `gpu` on worker node groups."""
+WORKER_GROUP_LABEL = "ray-efa.io/worker-group"
+"""Node label on GPU nodes: the worker group's name (Ray worker pods select it)."""
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+"""The NVIDIA device plugin chart schedules only on nodes labelled with this = "true"."""
+EFA_PRESENT_LABEL = "vpc.amazonaws.com/efa.present"
+"""The EFA device plugin chart schedules only on nodes labelled with this = "true"."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Taint:
+    """A node taint (and, read the other way, the toleration that matches it)."""
+
+    key: str
+    value: str
+    effect: str
+
+
+GPU_TAINT = Taint(key="nvidia.com/gpu", value="true", effect="NoSchedule")
+"""Keeps everything but GPU work (and the device plugins, which tolerate it) off GPU nodes."""
+
+
+def system_node_labels() -> dict[str, str]:
+    """Labels of the system node group (the Ray head's node selector uses them)."""
+    return {ROLE_LABEL: "system"}
+
+
+def worker_node_labels(config: ClusterConfig, group: WorkerGroup) -> dict[str, str]:
+    """Labels of a worker group's nodes; the EFA label only where EFA transport is in use."""
+    labels = {ROLE_LABEL: "gpu", WORKER_GROUP_LABEL: group.name, GPU_PRESENT_LABEL: "true"}
+    if config.nccl.transport == "efa":
+        labels[EFA_PRESENT_LABEL] = "true"
+    return labels
+
+
+def worker_pod_node_selector(group: WorkerGroup) -> dict[str, str]:
+    """What a Ray worker pod of `group` selects: exactly its group's nodes."""
+    return {WORKER_GROUP_LABEL: group.name}
