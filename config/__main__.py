@@ -1,4 +1,6 @@
-"""`python -m config check [FILE]`: validate a variable file and print the plan it implies."""
+"""`python -m config check [FILE]`: validate a variable file and print the plan it implies.
+
+`python -m config reference [--write README.md]`: the field reference table."""
 
 from __future__ import annotations
 
@@ -36,7 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate a variable file and print its plan")
     check.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    reference = sub.add_parser("reference", help="print the field reference table (README)")
+    reference.add_argument("--write", metavar="README", help="update the table in this file instead")
     args = parser.parse_args(argv)
+    if args.command == "reference":
+        from pathlib import Path
+
+        from config.reference import reference_table, write_into
+
+        if args.write:
+            print(f"{args.write}: {'updated' if write_into(Path(args.write)) else 'already current'}")
+        else:
+            print(reference_table())
+        return 0
     config = load_or_exit(args.file)
     print(f"{resolve_path(args.file)}: OK")
     print(plan(config))

@@ -274,6 +274,16 @@ class StorageConfig(_Strict):
         default=30, ge=1, description="Days before checkpoint objects under the prefix expire, days."
     )
 
+    @property
+    def checkpoint_prefix(self) -> str:
+        """Key prefix of Ray Train's run directories (checkpoints); only these expire, never the exported model."""
+        return f"{self.prefix}/checkpoints/"
+
+    @property
+    def export_prefix(self) -> str:
+        """Key prefix of the exported Hugging Face model (kept; no lifecycle expiry)."""
+        return f"{self.prefix}/models/"
+
 
 class JobConfig(_Strict):
     """The fine-tuning job."""
@@ -341,6 +351,12 @@ class ClusterConfig(_Strict):
         if not az or az.group("region") != self.region:
             add("gpu_availability_zone", f"'{self.gpu_availability_zone}' is not an AZ of region {self.region}; "
                 f"use e.g. {self.region}b")
+
+        if self.cluster.endpoint_access == "public" and self.cluster.public_access_cidrs != ["0.0.0.0/0"]:
+            # A public-only endpoint cannot be narrowed: the kubectl provider that installs the Helm
+            # charts runs outside the VPC and would be locked out.
+            add("cluster.public_access_cidrs", "a public-only endpoint cannot be restricted to CIDRs; use "
+                "endpoint_access: public_and_private (the installer reaches the API privately)")
 
         system = self.cluster.system_nodes
         system_type = catalog.get(system.instance_type)
