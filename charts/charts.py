@@ -1,0 +1,157 @@
+"""The cdk8s charts (one manifest file each) and the reusable constructs they are made of.
+
+- `ray-base`: Namespace, the Ray service account (bound to the checkpoint bucket by the stacks'
+  Pod Identity association), the code ConfigMap and, optionally, the image pre-pull DaemonSet.
+- `ray-cluster`: a standalone RayCluster to submit jobs to.
+- `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down.
+
+Apply `ray-base` first, then either `ray-cluster` or `ray-job`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import cdk8s
+import cdk8s_plus_27 as kplus
+from constructs import Construct
+
+from charts import bundle, ray
+from charts.models import RayCluster, RayJob
+from config.k8s import GPU_TAINT, worker_node_labels
+from config.loader import REPO_ROOT
+from config.model import ClusterConfig
+
+BASE_CHART = "ray-base"
+CLUSTER_CHART = "ray-cluster"
+JOB_CHART = "ray-job"
+
+_TAINT_EFFECTS = {
+    "NoSchedule": kplus.TaintEffect.NO_SCHEDULE,
+    "PreferNoSchedule": kplus.TaintEffect.PREFER_NO_SCHEDULE,
+    "NoExecute": kplus.TaintEffect.NO_EXECUTE,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """What every chart is built from: the loaded variable file, its path and the code bundle."""
+
+    config: ClusterConfig
+    config_file: Path
+    code: bundle.CodeBundle
+
+
+def inputs(config: ClusterConfig, config_file: Path | str, *, repo_root: Path = REPO_ROOT) -> Inputs:
+    """Read the code bundle for `config` (raises `ChartError` if it cannot be a ConfigMap)."""
+    code = bundle.collect(Path(config_file), config=config, runtime_env_json=ray.runtime_env_json(config),
+                          repo_root=repo_root)
+    return Inputs(config=config, config_file=Path(config_file), code=code)
+
+
+def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True) -> cdk8s.ApiObjectMetadata:
+    return cdk8s.ApiObjectMetadata(name=name, namespace=config.ray.namespace if namespaced else None,
+                                   labels=ray.labels(config))
+
+
+def prepull_node_selector(config: ClusterConfig) -> dict[str, str]:
+    """The labels all worker groups' nodes share: every GPU node of this cluster, and nothing else."""
+    label_sets = [worker_node_labels(config, g) for g in config.cluster.worker_groups]
+    return {k: v for k, v in label_sets[0].items() if all(s.get(k) == v for s in label_sets[1:])}
+
+
+class CodeConfigMap(Construct):
+    """The ConfigMap carrying the project's code and variable file (see `charts.bundle`)."""
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, code: bundle.CodeBundle) -> None:
+        super().__init__(scope, id)
+        self.config_map = kplus.ConfigMap(
+            self, "ConfigMap", metadata=_metadata(config, ray.code_configmap_name(config)), data=code.data)
+
+
+class ImagePrepull(Construct):
+    """A DaemonSet that pulls the (many-GB) Ray image onto every GPU node as soon as it joins.
+
+    The init container pulls the image; the main container then keeps running from the same
+    image, which stops the kubelet's image garbage collection from deleting it again.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig) -> None:
+        super().__init__(scope, id)
+        tiny = kplus.ContainerResources(
+            cpu=kplus.CpuResources(request=kplus.Cpu.millis(10), limit=kplus.Cpu.millis(100)),
+            memory=kplus.MemoryResources(request=cdk8s.Size.mebibytes(16), limit=cdk8s.Size.mebibytes(64)),
+        )
+        # The image's default user may be root, which runAsNonRoot refuses: run `true`/`sleep` as nobody.
+        nobody = kplus.ContainerSecurityContextProps(user=65534, group=65534, ensure_non_root=True,
+                                                     read_only_root_filesystem=True, allow_privilege_escalation=False)
+        common = dict(image=config.ray.image, image_pull_policy=kplus.ImagePullPolicy.IF_NOT_PRESENT, resources=tiny,
+                      security_context=nobody)
+        self.daemon_set = kplus.DaemonSet(
+            self, "DaemonSet",
+            metadata=_metadata(config, f"{config.cluster.name}-image-prepull"),
+            pod_metadata=cdk8s.ApiObjectMetadata(labels=ray.labels(config)),
+            init_containers=[kplus.ContainerProps(name="pull", command=["true"], **common)],
+            containers=[kplus.ContainerProps(name="hold", command=["sleep", "infinity"], **common)],
+            automount_service_account_token=False,
+            # `sleep` ignores SIGTERM as PID 1; do not hold a node drain for 30 s.
+            termination_grace_period=cdk8s.Duration.seconds(2),
+        )
+        self.daemon_set.scheduling.tolerate(kplus.Node.tainted(kplus.NodeTaintQuery.is_(
+            GPU_TAINT.key, GPU_TAINT.value, effect=_TAINT_EFFECTS[GPU_TAINT.effect])))
+        cdk8s.ApiObject.of(self.daemon_set).add_json_patch(
+            cdk8s.JsonPatch.add("/spec/template/spec/nodeSelector", prepull_node_selector(config)))
+
+
+class RayBaseChart(cdk8s.Chart):
+    """Namespace, service account, code ConfigMap and (optionally) the image pre-pull DaemonSet."""
+
+    def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
+        super().__init__(scope, id)
+        config = inputs.config
+        self.ray_namespace = kplus.Namespace(self, "Namespace", metadata=_metadata(config, config.ray.namespace,
+                                                                               namespaced=False))
+        self.service_account = kplus.ServiceAccount(
+            self, "ServiceAccount", metadata=_metadata(config, config.ray.service_account),
+            # Ray pods never call the Kubernetes API; Pod Identity uses its own projected token.
+            automount_token=False,
+        )
+        self.code = CodeConfigMap(self, "Code", config=config, code=inputs.code)
+        for construct in (self.service_account, self.code.config_map):
+            construct.node.add_dependency(self.ray_namespace)
+        self.prepull = ImagePrepull(self, "ImagePrepull", config=config) if config.ray.prepull_image else None
+
+
+class RayClusterChart(cdk8s.Chart):
+    """A standalone RayCluster (submit jobs to it with `ray job submit`, see `submit.sh`)."""
+
+    def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
+        super().__init__(scope, id)
+        config = inputs.config
+        self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, ray.cluster_name(config)),
+                                      spec=ray.ray_cluster_spec(config, inputs.code))
+
+
+class RayJobChart(cdk8s.Chart):
+    """A RayJob: creates the same cluster as `RayClusterChart`, runs `job.sh`, retries, tears down."""
+
+    def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
+        super().__init__(scope, id)
+        config = inputs.config
+        self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, ray.job_name(config)),
+                              spec=ray.ray_job_spec(config, inputs.code))
+
+
+def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
+    """The cdk8s app with its three charts (nothing is written until `app.synth()`)."""
+    app = cdk8s.App(outdir=outdir) if outdir else cdk8s.App()
+    RayBaseChart(app, BASE_CHART, inputs=inputs)
+    RayClusterChart(app, CLUSTER_CHART, inputs=inputs)
+    RayJobChart(app, JOB_CHART, inputs=inputs)
+    return app
+
+
+def manifests(app: cdk8s.App) -> dict[str, list[dict]]:
+    """Each chart's objects as plain data, by chart id (what `synth` would write)."""
+    return {chart.node.id: list(chart.to_json()) for chart in app.charts}

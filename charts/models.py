@@ -1,0 +1,235 @@
+"""Typed builders for the manifest fields this project sets.
+
+Small frozen pydantic models, snake_case in Python and camelCase in the manifest, covering only
+what the charts write: the pod-template pieces of a Ray pod and the KubeRay `ray.io/v1`
+RayCluster and RayJob specs. `extra="forbid"` makes a misspelt keyword fail where it is
+written; the synthesized objects are then validated against KubeRay's CRD schemas (see
+`charts.validation`), which catches anything the models allow but the API server would prune.
+
+Why not `cdk8s import`: for Python it generates about 7 MB of bindings per CRD (RayJob repeats
+all of RayCluster's types), slow to import under jsii, for the few dozen fields used here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from cdk8s import ApiObject, ApiObjectMetadata, JsonPatch
+from constructs import Construct
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+RAY_API_VERSION = "ray.io/v1"
+
+
+class K8sModel(BaseModel):
+    """Base of every builder: frozen, no unknown keywords, camelCase on output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, validate_by_name=True)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest fragment, camelCase keys, unset (None) fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---- core/v1 pod pieces -------------------------------------------------------------------
+
+
+class EnvVar(K8sModel):
+    """A container environment variable with a literal value."""
+
+    name: str
+    value: str
+
+
+class ResourceRequirements(K8sModel):
+    """Container requests and limits (quantities as Kubernetes strings)."""
+
+    requests: dict[str, str]
+    limits: dict[str, str]
+
+
+class VolumeMount(K8sModel):
+    """Where a volume appears in a container."""
+
+    name: str
+    mount_path: str
+    read_only: bool | None = None
+
+
+class KeyToPath(K8sModel):
+    """One ConfigMap key projected to a relative path under the mount point."""
+
+    key: str
+    path: str
+
+
+class ConfigMapVolumeSource(K8sModel):
+    """A ConfigMap volume that projects only the listed keys."""
+
+    name: str
+    items: list[KeyToPath]
+    default_mode: int | None = None
+
+
+class EmptyDirVolumeSource(K8sModel):
+    """An emptyDir; medium "Memory" makes it tmpfs, counted against the pod's memory limit."""
+
+    medium: Literal["", "Memory"] | None = None
+    size_limit: str | None = None
+
+
+class Volume(K8sModel):
+    """A pod volume: a ConfigMap or an emptyDir."""
+
+    name: str
+    config_map: ConfigMapVolumeSource | None = None
+    empty_dir: EmptyDirVolumeSource | None = None
+
+
+class Capabilities(K8sModel):
+    """Linux capabilities added to a container."""
+
+    add: list[str]
+
+
+class SecurityContext(K8sModel):
+    """Container security context (only capabilities are set here)."""
+
+    capabilities: Capabilities
+
+
+class ExecAction(K8sModel):
+    """A command run inside the container."""
+
+    command: list[str]
+
+
+class LifecycleHandler(K8sModel):
+    """A lifecycle hook that runs a command."""
+
+    exec_: ExecAction = Field(alias="exec")
+
+
+class Lifecycle(K8sModel):
+    """Container lifecycle hooks."""
+
+    pre_stop: LifecycleHandler
+
+
+class ContainerPort(K8sModel):
+    """A named container port."""
+
+    name: str
+    container_port: int
+
+
+class Container(K8sModel):
+    """A container of a Ray pod."""
+
+    name: str
+    image: str
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"]
+    working_dir: str | None = None
+    env: list[EnvVar]
+    ports: list[ContainerPort] | None = None
+    resources: ResourceRequirements
+    volume_mounts: list[VolumeMount]
+    security_context: SecurityContext | None = None
+    lifecycle: Lifecycle | None = None
+
+
+class Toleration(K8sModel):
+    """A toleration matching one node taint exactly."""
+
+    key: str
+    operator: Literal["Equal", "Exists"]
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class PodSpec(K8sModel):
+    """The pod spec of a Ray head or worker."""
+
+    service_account_name: str
+    node_selector: dict[str, str]
+    tolerations: list[Toleration] | None = None
+    containers: list[Container]
+    volumes: list[Volume]
+
+
+class TemplateMetadata(K8sModel):
+    """Labels of a pod template."""
+
+    labels: dict[str, str]
+
+
+class PodTemplateSpec(K8sModel):
+    """A pod template (what KubeRay turns into head and worker pods)."""
+
+    metadata: TemplateMetadata
+    spec: PodSpec
+
+
+# ---- ray.io/v1 -----------------------------------------------------------------------------
+
+
+class HeadGroupSpec(K8sModel):
+    """The Ray head: its `ray start` parameters, its Service and its pod template."""
+
+    ray_start_params: dict[str, str]
+    service_type: Literal["ClusterIP"]
+    enable_ingress: Literal[False] = False
+    template: PodTemplateSpec
+
+
+class WorkerGroupSpec(K8sModel):
+    """One Ray worker group (a fixed number of identical pods)."""
+
+    group_name: str
+    replicas: int = Field(ge=0)
+    min_replicas: int = Field(ge=0)
+    max_replicas: int = Field(ge=0)
+    num_of_hosts: int = Field(default=1, ge=1)
+    template: PodTemplateSpec
+
+
+class RayClusterSpec(K8sModel):
+    """`RayCluster.spec` (also `RayJob.spec.rayClusterSpec`)."""
+
+    ray_version: str
+    enable_in_tree_autoscaling: Literal[False] = False
+    head_group_spec: HeadGroupSpec
+    worker_group_specs: list[WorkerGroupSpec]
+
+
+class RayJobSpec(K8sModel):
+    """`RayJob.spec`: the job, its retries and lifetime, and the cluster it creates."""
+
+    entrypoint: str
+    runtime_env_yaml: str | None = Field(default=None, alias="runtimeEnvYAML")
+    submission_mode: Literal["K8sJobMode"] = "K8sJobMode"
+    shutdown_after_job_finishes: bool
+    ttl_seconds_after_finished: int = Field(ge=0)
+    active_deadline_seconds: int = Field(gt=0)
+    backoff_limit: int = Field(ge=0)
+    ray_cluster_spec: RayClusterSpec
+
+
+# ---- cdk8s API objects ----------------------------------------------------------------------
+
+
+class RayCluster(ApiObject):
+    """A `ray.io/v1` RayCluster built from a typed spec."""
+
+    def __init__(self, scope: Construct, id: str, *, metadata: ApiObjectMetadata, spec: RayClusterSpec) -> None:
+        super().__init__(scope, id, api_version=RAY_API_VERSION, kind="RayCluster", metadata=metadata)
+        self.add_json_patch(JsonPatch.add("/spec", spec.to_json()))
+
+
+class RayJob(ApiObject):
+    """A `ray.io/v1` RayJob built from a typed spec."""
+
+    def __init__(self, scope: Construct, id: str, *, metadata: ApiObjectMetadata, spec: RayJobSpec) -> None:
+        super().__init__(scope, id, api_version=RAY_API_VERSION, kind="RayJob", metadata=metadata)
+        self.add_json_patch(JsonPatch.add("/spec", spec.to_json()))

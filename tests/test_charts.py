@@ -1,0 +1,447 @@
+"""The cdk8s charts, synthesized in-process (once per variable file) from the real loader's output.
+
+Covers the issue's numbered points (base objects and code ConfigMap, RayCluster, RayJob, pre-pull
+DaemonSet), EFA and socket transport, the p5.48xlarge example, schema validation, and the
+consistency of the manifests with the derived values and `config.k8s`.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from charts import ChartError, build_app, bundle, inputs, manifests, ray, validation
+from charts.__main__ import synthesize
+from config import ClusterConfig, load_config
+from config.k8s import GPU_TAINT, system_node_labels, worker_node_labels
+from tests.helpers import EXAMPLES, REPO, load_variant, write_variant
+
+
+@dataclass
+class Synth:
+    """One variable file's synthesized charts."""
+
+    config: ClusterConfig
+    file: Path
+    charts: dict[str, list[dict]]
+
+    def objects(self, kind: str) -> list[dict]:
+        return [o for objs in self.charts.values() for o in objs if o["kind"] == kind]
+
+    def one(self, kind: str) -> dict:
+        found = self.objects(kind)
+        assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+        return found[0]
+
+    @property
+    def all(self) -> list[dict]:
+        return [o for objs in self.charts.values() for o in objs]
+
+    @property
+    def cluster_spec(self) -> dict:
+        return self.one("RayCluster")["spec"]
+
+    def worker(self, name: str) -> dict:
+        (group,) = [g for g in self.cluster_spec["workerGroupSpecs"] if g["groupName"] == name]
+        return group
+
+    @property
+    def configmap(self) -> dict:
+        return self.one("ConfigMap")
+
+
+def _synth(file: Path) -> Synth:
+    config = load_config(file)
+    return Synth(config=config, file=file, charts=manifests(build_app(inputs(config, file))))
+
+
+def _container(pod_template: dict) -> dict:
+    (container,) = pod_template["spec"]["containers"]
+    return container
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def _pod_templates(spec: dict) -> list[dict]:
+    return [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
+
+
+@pytest.fixture(scope="module")
+def default() -> Synth:
+    return _synth(REPO / "config" / "cluster.yaml")
+
+
+@pytest.fixture(scope="module")
+def socket() -> Synth:
+    return _synth(EXAMPLES / "socket.yaml")
+
+
+@pytest.fixture(scope="module")
+def p5() -> Synth:
+    return _synth(EXAMPLES / "p5.yaml")
+
+
+@pytest.fixture(scope="module")
+def two_groups(tmp_path_factory) -> Synth:
+    """Two worker groups, an explicit bucket, extra pip packages, no preflight and no pre-pull."""
+    data = yaml.safe_load((REPO / "config" / "cluster.yaml").read_text())
+    second = dict(data["cluster"]["worker_groups"][0], name="big", instance_type="g6.24xlarge", nodes=1)
+    data["cluster"]["worker_groups"].append(second)
+    overrides = {
+        "cluster": {"worker_groups": data["cluster"]["worker_groups"]},
+        "job": {"global_batch_size": 96},
+        "storage": {"bucket_name": "my-ckpt-bucket"},
+        "ray": {"extra_pip_packages": ["peft==0.18.0", "tabulate"], "preflight": False, "prepull_image": False},
+        "nccl": {"debug": "WARN"},
+    }
+    return _synth(write_variant(tmp_path_factory.mktemp("two"), overrides))
+
+
+@pytest.fixture(scope="module", params=["default", "socket", "p5", "two_groups"])
+def any_synth(request) -> Synth:
+    return request.getfixturevalue(request.param)
+
+
+# ---- 1. namespace, service account, code ConfigMap ------------------------------------------
+
+
+def test_namespace_and_service_account(default):
+    config = default.config
+    assert default.one("Namespace")["metadata"]["name"] == config.ray.namespace
+    sa = default.one("ServiceAccount")
+    assert sa["metadata"] == sa["metadata"] | {"name": config.ray.service_account, "namespace": config.ray.namespace}
+    for obj in default.all:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == config.ray.namespace, obj["kind"]
+
+
+def test_configmap_carries_workloads_config_and_variable_file(default):
+    data = default.configmap["data"]
+    shipped = {bundle.flatten(p.relative_to(REPO).as_posix()): p for p in (REPO / "workloads").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    shipped |= {bundle.flatten(p.relative_to(REPO).as_posix()): p for p in (REPO / "config").glob("*.py")}
+    shipped["config__instances.yaml"] = REPO / "config" / "instances.yaml"
+    assert "workloads__fsdp_finetune____init__.py" in shipped or "workloads____init__.py" in shipped
+    for key, path in shipped.items():
+        assert data[key] == path.read_text(), key
+    assert data["config__cluster.yaml"] == default.file.read_text()
+
+
+def test_every_ray_pod_mounts_the_bundle_back_at_its_paths(any_synth):
+    data = any_synth.configmap["data"]
+    for template in _pod_templates(any_synth.cluster_spec):
+        (volume,) = [v for v in template["spec"]["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == any_synth.configmap["metadata"]["name"]
+        items = {i["key"]: i["path"] for i in volume["configMap"]["items"]}
+        assert set(items) == set(data)
+        for key, path in items.items():
+            assert bundle.flatten(path) == key
+        assert items["config__cluster.yaml"] == "config/cluster.yaml"
+        container = _container(template)
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == "/app" and container["workingDir"] == "/app"
+        env = _env(container)
+        assert env["PYTHONPATH"] == "/app"
+        assert env["CLUSTER_CONFIG"] == "/app/config/cluster.yaml"
+
+
+def test_configmap_over_one_mib_is_refused_and_nothing_is_written(tmp_path, default):
+    root = tmp_path / "repo"
+    (root / "workloads").mkdir(parents=True)
+    (root / "config").mkdir()
+    (root / "config" / "instances.yaml").write_text("{}\n")
+    (root / "workloads" / "weights.py").write_text("x = 1\n" * 200_000)
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "previous.k8s.yaml").write_text("kept: true\n")
+    with pytest.raises(ChartError, match=r"over the 1 MiB .*workloads/weights.py"):
+        synthesize(default.config, default.file, out, repo_root=root)
+    assert [p.name for p in out.iterdir()] == ["previous.k8s.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dist", "repo"]
+
+
+def test_colliding_configmap_keys_are_refused(tmp_path, default):
+    root = tmp_path / "repo"
+    (root / "workloads" / "a__b").mkdir(parents=True)
+    (root / "workloads" / "a").mkdir()
+    (root / "workloads" / "a__b" / "c.py").write_text("")
+    (root / "workloads" / "a" / "b__c.py").write_text("")
+    (root / "config").mkdir()
+    (root / "config" / "instances.yaml").write_text("{}\n")
+    with pytest.raises(ChartError, match="both flatten to ConfigMap key 'workloads__a__b__c.py'"):
+        bundle.collect(default.file, config=default.config, runtime_env_json="{}", repo_root=root)
+
+
+# ---- 2. RayCluster ----------------------------------------------------------------------------
+
+
+def test_one_pinned_image_for_head_and_workers(any_synth):
+    images = {_container(t)["image"] for t in _pod_templates(any_synth.cluster_spec)}
+    assert images == {any_synth.config.ray.image}
+    assert not any_synth.config.ray.image.endswith(":latest") and ":" in any_synth.config.ray.image
+    assert {_container(t)["imagePullPolicy"] for t in _pod_templates(any_synth.cluster_spec)} == {"IfNotPresent"}
+    assert any_synth.cluster_spec["rayVersion"] == any_synth.config.ray.ray_version
+
+
+def test_head_on_system_nodes_without_gpu_and_cluster_internal(default):
+    head = default.cluster_spec["headGroupSpec"]
+    assert head["template"]["spec"]["nodeSelector"] == system_node_labels()
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert head["serviceType"] == "ClusterIP" and head.get("enableIngress") is False
+    container = _container(head["template"])
+    assert _env(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    expected = {"cpu": str(default.config.ray.head.cpu), "memory": f"{default.config.ray.head.memory_gib}Gi"}
+    assert container["resources"] == {"requests": expected, "limits": expected}
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert not default.objects("Ingress")
+    assert all(s["spec"].get("type") != "LoadBalancer" for s in default.objects("Service"))
+
+
+def test_one_worker_group_per_group_sized_from_derived_values(any_synth):
+    config = any_synth.config
+    assert [g["groupName"] for g in any_synth.cluster_spec["workerGroupSpecs"]] == \
+        [g.name for g in config.cluster.worker_groups]
+    for group in config.cluster.worker_groups:
+        spec = any_synth.worker(group.name)
+        pods = config.pods(group)
+        assert spec["replicas"] == spec["minReplicas"] == spec["maxReplicas"] == pods
+        res = config.pod_resources[group.name]
+        resources = _container(spec["template"])["resources"]
+        assert resources["requests"] == resources["limits"]
+        limits = resources["limits"]
+        assert limits["nvidia.com/gpu"] == str(res.gpus) and limits["cpu"] == str(res.cpu)
+        assert limits["memory"] == f"{res.memory_gib}Gi"
+        pod = spec["template"]["spec"]
+        (shm,) = [v for v in pod["volumes"] if "emptyDir" in v]
+        assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{res.shm_gib}Gi"}
+        container = _container(spec["template"])
+        assert {"name": shm["name"], "mountPath": "/dev/shm"} in container["volumeMounts"]
+        assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+        assert _env(container)["NCCL_DEBUG"] == config.nccl.debug
+
+
+def _nccl_excludes(ifname_setting: str, interface: str) -> bool:
+    """NCCL's rule: '^a,b' excludes interfaces whose names start with a or b ('=' would mean exact)."""
+    assert ifname_setting.startswith("^") and not ifname_setting.startswith("^=")
+    return any(interface.startswith(prefix) for prefix in ifname_setting[1:].split(","))
+
+
+def test_efa_transport_on_g6(default):
+    (group,) = default.config.cluster.worker_groups
+    container = _container(default.worker(group.name)["template"])
+    env = _env(container)
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["NCCL_NET_PLUGIN"] == "ofi" and env["NCCL_NET"] in {"AWS Libfabric", "OFI", "Libfabric"}
+    for interface in ("lo", "docker0", "pod-id-link0"):
+        assert _nccl_excludes(env["NCCL_SOCKET_IFNAME"], interface)
+    assert not _nccl_excludes(env["NCCL_SOCKET_IFNAME"], "eth0")
+    # g6 has no GPUDirect RDMA: libfabric aborts if asked for it.
+    assert not default.config.instance(group).gpudirect_rdma and "FI_EFA_USE_DEVICE_RDMA" not in env
+    limits = container["resources"]["limits"]
+    res = default.config.pod_resources[group.name]
+    assert limits["vpc.amazonaws.com/efa"] == str(res.efa_devices) == "1"
+    assert limits["hugepages-2Mi"] == f"{res.hugepages_2mi_mib}Mi" == "5120Mi"
+
+
+def test_socket_transport_has_no_efa(socket):
+    (group,) = socket.config.cluster.worker_groups
+    container = _container(socket.worker(group.name)["template"])
+    env = _env(container)
+    assert env["NCCL_NET"] == "Socket"
+    assert not [k for k in env if k.startswith("FI_")] and "NCCL_NET_PLUGIN" not in env
+    assert "vpc.amazonaws.com/efa" not in container["resources"]["limits"]
+    assert "hugepages-2Mi" not in container["resources"]["limits"]
+    assert _nccl_excludes(env["NCCL_SOCKET_IFNAME"], "pod-id-link0")
+
+
+def test_p5_example_uses_all_efa_interfaces_and_gpudirect_rdma(p5):
+    (group,) = p5.config.cluster.worker_groups
+    spec = p5.worker(group.name)
+    container = _container(spec["template"])
+    assert spec["replicas"] == 2
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
+    assert _env(container)["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p5.config.world_size == 16
+
+
+def test_gpudirect_rdma_env_needs_the_group_to_ask(tmp_path):
+    config = load_variant(tmp_path, base=EXAMPLES / "p5.yaml", group={"gpudirect_rdma": False})
+    assert "FI_EFA_USE_DEVICE_RDMA" not in ray.transport_env(config, config.cluster.worker_groups[0])
+
+
+def test_nccl_debug_is_switchable(two_groups):
+    for group in two_groups.config.cluster.worker_groups:
+        assert _env(_container(two_groups.worker(group.name)["template"]))["NCCL_DEBUG"] == "WARN"
+
+
+# ---- 3. RayJob ------------------------------------------------------------------------------------
+
+
+def test_rayjob_uses_the_same_cluster_spec(any_synth):
+    assert any_synth.one("RayJob")["spec"]["rayClusterSpec"] == any_synth.cluster_spec
+
+
+def test_rayjob_lifecycle_from_the_job_section(default):
+    spec = default.one("RayJob")["spec"]
+    job = default.config.job
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == job.ttl_hours * 3600
+    assert spec["backoffLimit"] == job.retries
+    assert spec["activeDeadlineSeconds"] == job.timeout_hours * 3600
+    assert spec["entrypoint"] == "bash /app/job.sh"
+
+
+def _script_commands(text: str) -> list[list[str]]:
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return [shlex.split(line.removeprefix("exec ")) for line in lines]
+
+
+def test_job_script_runs_preflight_then_the_workload(default):
+    commands = _script_commands(default.configmap["data"]["job.sh"])
+    modules = [c[2] for c in commands if c[:2] == ["python", "-m"]]
+    assert modules == ["workloads.preflight", "workloads.fsdp_finetune"]
+    assert commands[-1][3:5] == ["--config", "/app/config/cluster.yaml"]
+    assert "--storage-path" not in commands[-1]  # bucket name needs the account: resolved at run time
+    env = _env(_container(default.cluster_spec["headGroupSpec"]["template"]))
+    assert env["CHECKPOINT_BUCKET"] == "" and env["CHECKPOINT_PREFIX"] == default.config.storage.prefix
+    assert env["AWS_REGION"] == default.config.region and env["CLUSTER_NAME"] == default.config.cluster.name
+
+
+def test_explicit_bucket_extra_pip_and_no_preflight(two_groups):
+    commands = _script_commands(two_groups.configmap["data"]["job.sh"])
+    assert [c[2] for c in commands if c[:2] == ["python", "-m"]] == ["workloads.fsdp_finetune"]
+    assert commands[-1][-2:] == ["--storage-path", "s3://my-ckpt-bucket/ray-finetune"]
+    runtime_env = yaml.safe_load(two_groups.one("RayJob")["spec"]["runtimeEnvYAML"])
+    assert runtime_env["pip"] == ["peft==0.18.0", "tabulate"]
+    assert runtime_env["env_vars"]["CHECKPOINT_BUCKET"] == "my-ckpt-bucket"
+    submit = shlex.split(two_groups.configmap["data"]["submit.sh"].splitlines()[-1])
+    assert submit[:3] == ["exec", "ray", "job"] and submit[-3:] == ["--", "bash", "/app/job.sh"]
+    assert yaml.safe_load(submit[submit.index("--runtime-env-json") + 1]) == runtime_env
+
+
+def test_default_runtime_env_has_no_pip(default):
+    assert "pip" not in yaml.safe_load(default.one("RayJob")["spec"]["runtimeEnvYAML"])
+
+
+# ---- 4. image pre-pull DaemonSet ---------------------------------------------------------------
+
+
+def test_prepull_daemonset_on_gpu_nodes(default):
+    pod = default.one("DaemonSet")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (hold,) = pod["containers"]
+    assert init["image"] == hold["image"] == default.config.ray.image
+    assert init["command"] == ["true"] and hold["command"] == ["sleep", "infinity"]
+    assert pod["tolerations"] == [{"key": GPU_TAINT.key, "operator": "Equal", "value": GPU_TAINT.value,
+                                   "effect": GPU_TAINT.effect}]
+    for group in default.config.cluster.worker_groups:
+        labels = worker_node_labels(default.config, group)
+        assert pod["nodeSelector"].items() <= labels.items()
+    assert not pod["nodeSelector"].items() <= system_node_labels().items()
+    assert "nvidia.com/gpu" not in init["resources"]["limits"]
+
+
+def test_prepull_is_optional(two_groups):
+    assert not two_groups.objects("DaemonSet")
+
+
+# ---- validation ------------------------------------------------------------------------------------
+
+
+def test_every_object_validates(any_synth):
+    assert validation.problems(any_synth.all, any_synth.config.cluster.kubernetes_version) == []
+    kinds = {o["kind"] for o in any_synth.all}
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "RayCluster", "RayJob"} <= kinds
+
+
+def test_misspelt_fields_are_reported(default):
+    cluster = copy.deepcopy(default.one("RayCluster"))
+    cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["reqests"] = {}
+    cluster["spec"]["headGroupSpec"]["rayStartParam"] = {}
+    job = copy.deepcopy(default.one("RayJob"))
+    job["spec"]["shutdownAfterJobFinish"] = True
+    namespace = copy.deepcopy(default.one("Namespace"))
+    namespace["metadata"]["labelz"] = {}
+    found = validation.problems([cluster, job, namespace], "1.34")
+    text = "\n".join(found)
+    assert "RayCluster/ray-efa: spec.workerGroupSpecs[0].template.spec.containers[0].resources:" in text
+    assert "'reqests' was unexpected" in text and "'rayStartParam' was unexpected" in text
+    assert "RayJob/ray-efa-job: spec: " in text and "'shutdownAfterJobFinish' was unexpected" in text
+    assert "Namespace/ray: metadata:" in text and "'labelz' was unexpected" in text
+    with pytest.raises(ChartError, match="fail schema validation"):
+        validation.check([namespace], "1.34")
+
+
+def test_wrong_types_are_reported(default):
+    cluster = copy.deepcopy(default.one("RayCluster"))
+    cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "2"
+    assert any("replicas" in p and "is not of type 'integer'" in p
+               for p in validation.problems([cluster], "1.34"))
+
+
+def test_strict_leaves_preserve_unknown_fields_open():
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}},
+                                                     "x-kubernetes-preserve-unknown-fields": True},
+                                               "m": {"type": "object", "additionalProperties": {"type": "string"}}}}
+    strict = validation.strict(schema)
+    assert strict["additionalProperties"] is False
+    assert "additionalProperties" not in strict["properties"]["a"]
+    assert strict["properties"]["m"]["additionalProperties"] == {"type": "string"}
+
+
+def test_kubernetes_schema_version():
+    assert validation.kubernetes_schema_version("1.34") == "1.34"
+    assert validation.kubernetes_schema_version("1.99") == "1.37"  # newest shipped by kubernetes-validate 1.37.0
+
+
+def test_missing_crds_are_a_clear_error(monkeypatch, tmp_path, default):
+    monkeypatch.setenv(validation.CRD_DIR_ENV, str(tmp_path))
+    validation.crd_validator.cache_clear()
+    try:
+        with pytest.raises(ChartError, match=r"ray.io_rayclusters.yaml: KubeRay CRD not found.*v1.7.0"):
+            validation.problems([default.one("RayCluster")], "1.34")
+    finally:
+        validation.crd_validator.cache_clear()
+
+
+# ---- consistency with the derived values and config.k8s -------------------------------------------
+
+
+def test_worker_gpus_add_up_to_the_world_size(any_synth):
+    for spec in (any_synth.cluster_spec, any_synth.one("RayJob")["spec"]["rayClusterSpec"]):
+        gpus = sum(g["replicas"] * int(_container(g["template"])["resources"]["limits"]["nvidia.com/gpu"])
+                   for g in spec["workerGroupSpecs"])
+        assert gpus == any_synth.config.world_size
+
+
+def test_selectors_and_tolerations_match_the_node_groups(any_synth):
+    config = any_synth.config
+    head = any_synth.cluster_spec["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"].items() <= system_node_labels().items()
+    assert "tolerations" not in head  # the head stays off GPU nodes
+    groups = config.cluster.worker_groups
+    for group in groups:
+        pod = any_synth.worker(group.name)["template"]["spec"]
+        assert pod["nodeSelector"].items() <= worker_node_labels(config, group).items()
+        for other in groups:  # selects its own node group and no other
+            if other is not group:
+                assert not pod["nodeSelector"].items() <= worker_node_labels(config, other).items()
+        assert not pod["nodeSelector"].items() <= system_node_labels().items()
+        assert pod["tolerations"] == [{"key": GPU_TAINT.key, "operator": "Equal", "value": GPU_TAINT.value,
+                                       "effect": GPU_TAINT.effect}]
+
+
+def test_service_account_is_the_pod_identity_one(any_synth):
+    name = any_synth.config.ray.service_account
+    assert any_synth.one("ServiceAccount")["metadata"]["name"] == name
+    for template in _pod_templates(any_synth.cluster_spec):
+        assert template["spec"]["serviceAccountName"] == name
