@@ -31,7 +31,7 @@ node_modules/.installed: package-lock.json
 synth: synth-cdk synth-k8s
 
 synth-cdk: setup
-	npx cdk synth --all --quiet
+	npx cdk synth --quiet
 
 synth-k8s: setup
 	npx cdk8s synth

@@ -295,6 +295,9 @@ class JobConfig(_Strict):
     dataset_split: str = Field(default="train", description="Dataset split to train on.")
     instruction_field: str = Field(default="instruction", description="Dataset column with the prompt.")
     response_field: str = Field(default="output", description="Dataset column with the answer.")
+    input_field: str | None = Field(
+        default=None, description="Optional dataset column appended to the prompt (Alpaca's `input`; None: none)."
+    )
     eval_fraction: float = Field(default=0.01, ge=0, lt=0.5, description="Fraction held out for evaluation.")
     seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
     micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")

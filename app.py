@@ -1,0 +1,32 @@
+"""CDK entry point (`npx cdk synth`, see cdk.json): the variable file in, three stacks out.
+
+The file is `-c config=FILE`, else $CLUSTER_CONFIG, else config/cluster.yaml. A bad file prints
+one `FILE: field: problem` line each and exits 2 before anything is written. `-c nag=true` adds
+cdk-nag's AwsSolutions checks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import aws_cdk as cdk
+
+from config import ConfigError, load_or_exit, resolve_path
+from stacks import build
+
+
+def main() -> None:
+    """Synthesize the stacks into cdk.out."""
+    app = cdk.App()
+    path = app.node.try_get_context("config")
+    config = load_or_exit(path)
+    try:
+        build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
+    except ConfigError as exc:
+        print(ConfigError(resolve_path(path), exc.problems), file=sys.stderr)
+        raise SystemExit(2) from None
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

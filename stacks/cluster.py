@@ -1,0 +1,146 @@
+"""The cluster stack: EKS (aws_eks_v2), managed add-ons, system and GPU node groups, Helm add-ons."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from config import ClusterConfig
+from config.k8s import system_node_labels
+from stacks.efa_nodegroup import EfaNodeGroup
+from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
+from stacks.versions import kubectl_layer
+
+# The CloudWatch agent's service account, as the amazon-cloudwatch-observability add-on creates it.
+CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
+CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+
+
+def endpoint_access(config: ClusterConfig) -> eks.EndpointAccess:
+    """API endpoint access from the file; a public endpoint is narrowed to the listed CIDRs."""
+    section = config.cluster
+    if section.endpoint_access == "private":
+        return eks.EndpointAccess.PRIVATE
+    if section.endpoint_access == "public":
+        # The model refuses CIDRs other than 0.0.0.0/0 here (a public-only endpoint cannot be narrowed).
+        return eks.EndpointAccess.PUBLIC
+    if section.public_access_cidrs == ["0.0.0.0/0"]:
+        return eks.EndpointAccess.PUBLIC_AND_PRIVATE
+    return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*section.public_access_cidrs)
+
+
+class ClusterStack(cdk.Stack):
+    """Everything that changes with the cluster: control plane, nodes and the add-ons on them.
+
+    Attributes for the stacks that build on it: `cluster`, `system_nodegroup`, `gpu_nodegroups`
+    (by worker-group name) and `kuberay` (anything applying Ray objects must depend on its chart).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, vpc: ec2.IVpc, **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        section = config.cluster
+        private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+
+        secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
+                              description=f"Envelope encryption of Kubernetes secrets in {section.name}")
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=section.name,
+            version=eks.KubernetesVersion.of(section.kubernetes_version),
+            vpc=vpc,
+            vpc_subnets=[private],
+            # Node groups are declared below, one per group in the file; no default capacity.
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=0,
+            # The managed add-ons below replace EKS's self-managed copies instead of fighting them.
+            bootstrap_self_managed_addons=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=kubectl_layer(self, "KubectlLayer", kubernetes_version=section.kubernetes_version)),
+            endpoint_access=endpoint_access(config),
+            cluster_logging=[
+                eks.ClusterLoggingTypes.API,
+                eks.ClusterLoggingTypes.AUDIT,
+                eks.ClusterLoggingTypes.AUTHENTICATOR,
+                eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+                eks.ClusterLoggingTypes.SCHEDULER,
+            ],
+            secrets_encryption_key=secrets_key,
+        )
+        if section.admin_role_arn:
+            self.cluster.grant_access("AdminAccess", section.admin_role_arn, [
+                eks.AccessPolicy.from_access_policy_name(
+                    "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER)])
+
+        # Networking add-ons must exist before any node can turn Ready.
+        self.addons: dict[str, eks.Addon] = {
+            name: eks.Addon(self, f"Addon-{name}", cluster=self.cluster, addon_name=name)
+            for name in ("vpc-cni", "kube-proxy")
+        }
+        self.addons["eks-pod-identity-agent"] = self.cluster.eks_pod_identity_agent
+
+        system = section.system_nodes
+        self.system_nodegroup = self.cluster.add_nodegroup_capacity(
+            "System",
+            instance_types=[ec2.InstanceType(system.instance_type)],
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            min_size=system.nodes,
+            desired_size=system.nodes,
+            max_size=system.nodes,
+            disk_size=system.disk_gib,
+            subnets=private,
+            labels=system_node_labels(),
+        )
+        self.gpu_nodegroups: dict[str, EfaNodeGroup] = {
+            group.name: EfaNodeGroup(self, f"Workers-{group.name}", cluster=self.cluster, config=config, group=group)
+            for group in section.worker_groups
+        }
+        for nodegroup in [self.system_nodegroup, *(g.nodegroup for g in self.gpu_nodegroups.values())]:
+            for name in ("vpc-cni", "kube-proxy"):
+                nodegroup.node.add_dependency(self.addons[name])
+
+        # CoreDNS (and the CloudWatch agent) are Deployments: their add-ons only turn ACTIVE once a
+        # node can run them.
+        self.addons["coredns"] = eks.Addon(self, "Addon-coredns", cluster=self.cluster, addon_name="coredns")
+        self.addons["coredns"].node.add_dependency(self.system_nodegroup)
+        if section.cloudwatch_observability:
+            self._cloudwatch_observability()
+
+        # Operators before their users: the device plugins and KubeRay need CoreDNS and a node to
+        # run on; the Ray objects that use KubeRay's CRDs are applied after this stack (cdk8s).
+        self.nvidia_device_plugin = NvidiaDevicePlugin(self, "NvidiaDevicePlugin", cluster=self.cluster)
+        self.efa_device_plugin = (EfaDevicePlugin(self, "EfaDevicePlugin", cluster=self.cluster, config=config)
+                                  if config.nccl.transport == "efa" else None)
+        self.kuberay = KubeRayOperator(self, "KubeRayOperator", cluster=self.cluster, config=config)
+        for chart in [self.nvidia_device_plugin.chart, self.kuberay.chart,
+                      *([self.efa_device_plugin.chart] if self.efa_device_plugin else [])]:
+            chart.node.add_dependency(self.system_nodegroup)
+            chart.node.add_dependency(self.addons["coredns"])
+
+        cdk.CfnOutput(self, "ClusterName", value=self.cluster.cluster_name, description="EKS cluster name.")
+        cdk.CfnOutput(self, "UpdateKubeconfigCommand",
+                      value=f"aws eks update-kubeconfig --region {config.region} --name {self.cluster.cluster_name}",
+                      description="Points kubectl at the cluster.")
+        cdk.CfnOutput(self, "GpuAvailabilityZone", value=config.gpu_availability_zone,
+                      description="The AZ all GPU nodes run in.")
+        cdk.CfnOutput(self, "OnDemandUsdPerHour", value=f"{config.cost_per_hour:.2f}",
+                      description="List price of everything running, USD per hour (nodes, control plane, NAT).")
+
+    def _cloudwatch_observability(self) -> None:
+        """The CloudWatch observability add-on (Container Insights with GPU and EFA metrics)."""
+        role = iam.Role(self, "CloudWatchAgentRole",
+                        assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+                        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")])
+        association = eks.CfnPodIdentityAssociation(
+            self, "CloudWatchAgentIdentity", cluster_name=self.cluster.cluster_name,
+            namespace=CLOUDWATCH_NAMESPACE, service_account=CLOUDWATCH_SERVICE_ACCOUNT, role_arn=role.role_arn)
+        association.node.add_dependency(self.addons["eks-pod-identity-agent"])
+        addon = eks.Addon(self, "Addon-amazon-cloudwatch-observability", cluster=self.cluster,
+                          addon_name="amazon-cloudwatch-observability")
+        addon.node.add_dependency(self.system_nodegroup, association)
+        self.addons["amazon-cloudwatch-observability"] = addon
+        self.cloudwatch_agent_role = role

@@ -1,0 +1,89 @@
+"""cdk-nag (AwsSolutions) acknowledgments: each scoped to the construct it concerns, each with its reason.
+
+cdk-nag 3 reports one finding per rule and resource (e.g. one per managed policy), and each must be
+acknowledged by its full id; nothing is acknowledged stack-wide.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import aws_cdk as cdk
+from constructs import IConstruct
+
+if TYPE_CHECKING:
+    from stacks.assembly import ProjectStacks
+
+_PACK = "AwsSolutions"
+_NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly")
+
+
+def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
+    """Acknowledge one AwsSolutions finding (`rule`, e.g. `AwsSolutions-S1`) on `scope` and below."""
+    cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{_PACK}::{rule}", reason=reason))
+
+
+def managed_policy(name: str) -> str:
+    """The finding id cdk-nag gives an AWS managed policy attached to a role."""
+    return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
+
+
+def _logical_id(construct: IConstruct) -> str:
+    return cdk.Stack.of(construct).get_logical_id(construct.node.default_child)
+
+
+def acknowledge_findings(stacks: ProjectStacks) -> None:
+    """Acknowledge the AwsSolutions findings this design accepts, resource by resource."""
+    cluster = stacks.cluster.cluster
+    acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
+                "EKS requires its control-plane role to carry AmazonEKSClusterPolicy; AWS keeps it current "
+                "as EKS needs change.")
+    for nodegroup in [stacks.cluster.system_nodegroup, *(g.nodegroup for g in stacks.cluster.gpu_nodegroups.values())]:
+        for policy in _NODE_POLICIES:
+            acknowledge(nodegroup.role, managed_policy(policy),
+                        f"{policy} is one of the three policies EKS documents for managed node group roles; "
+                        "pods get their own AWS access through Pod Identity, not through the node role.")
+    _acknowledge_kubectl_provider(stacks)
+
+    if stacks.cluster.node.try_find_child("CloudWatchAgentRole"):
+        acknowledge(stacks.cluster.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
+                    "The policy AWS documents for the amazon-cloudwatch-observability add-on's agent; bound to "
+                    "that agent's service account only, through Pod Identity.")
+
+    storage = stacks.storage
+    acknowledge(storage.bucket, "AwsSolutions-S1",
+                "Holds only this job's checkpoints and model exports, written by one role; server access logs "
+                "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
+    bucket_id = _logical_id(storage.bucket)
+    acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::<{bucket_id}.Arn>/{storage.prefix}/*]",
+                "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
+                "shards at run time, so this is the narrowest grant that lets it write them.")
+    auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
+    if auto_delete is not None:
+        acknowledge(auto_delete, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                    "AWSLambdaBasicExecutionRole]",
+                    "CDK's bucket auto-delete provider (removal_policy: destroy) logs through the basic Lambda "
+                    "execution policy.")
+
+
+def _acknowledge_kubectl_provider(stacks: ProjectStacks) -> None:
+    """The kubectl provider is CDK's own Lambda that installs the Helm charts; its IAM is CDK's."""
+    provider = stacks.cluster.cluster.kubectl_provider
+    reason = ("Part of aws_eks_v2's kubectl provider (a CDK-maintained Lambda that runs helm and kubectl); "
+              "its execution roles are defined by CDK and scoped by it.")
+    for policy in ("service-role/AWSLambdaBasicExecutionRole", "service-role/AWSLambdaVPCAccessExecutionRole",
+                   "AmazonEC2ContainerRegistryReadOnly"):
+        acknowledge(provider, managed_policy(policy), reason)
+    handler = provider.node.find_child("Handler")
+    condition = next(c for c in handler.node.children if isinstance(c, cdk.CfnCondition))
+    ecr_public = {"Fn::If": [cdk.Stack.of(handler).get_logical_id(condition),
+                             {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"},
+                                                ":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},
+                             {"Ref": "AWS::NoValue"}]}
+    acknowledge(provider, f"AwsSolutions-IAM4[Policy::{json.dumps(ecr_public, separators=(',', ':'))}]", reason)
+    acknowledge(provider, f"AwsSolutions-IAM5[Resource::<{_logical_id(handler)}.Arn>:*]",
+                "CDK's custom-resource framework invokes any version of the kubectl handler it created.")
+    acknowledge(handler, "AwsSolutions-L1",
+                "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
+                "layer pins the tools; bumping aws-cdk-lib moves it forward.")

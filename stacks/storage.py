@@ -1,0 +1,78 @@
+"""The storage stack: the checkpoint bucket and the Ray service account's access to it."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from config import ClusterConfig
+
+
+class StorageStack(cdk.Stack):
+    """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`."""
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, cluster: eks.ICluster, **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        storage = config.storage
+        self.prefix = storage.prefix
+        destroy = storage.removal_policy == "destroy"
+        self.bucket = s3.Bucket(
+            self,
+            "CheckpointBucket",
+            bucket_name=config.bucket_name(cdk.Aws.ACCOUNT_ID),
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            removal_policy=cdk.RemovalPolicy.DESTROY if destroy else cdk.RemovalPolicy.RETAIN,
+            auto_delete_objects=destroy,
+            lifecycle_rules=[
+                # Ray rewrites checkpoints in place across runs; old versions are dead weight.
+                s3.LifecycleRule(id="ExpireSupersededVersions",
+                                 noncurrent_version_expiration=cdk.Duration.days(storage.noncurrent_days),
+                                 abort_incomplete_multipart_upload_after=cdk.Duration.days(1)),
+                # Checkpoints only: the exported model lives under a different prefix and is kept.
+                s3.LifecycleRule(id="ExpireOldCheckpoints", prefix=storage.checkpoint_prefix,
+                                 expiration=cdk.Duration.days(storage.checkpoint_expiry_days)),
+            ],
+        )
+
+        self.role = iam.Role(
+            self,
+            "RayPodRole",
+            # Pod Identity assumes with session tags; SessionTagsPrincipal adds sts:TagSession.
+            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            description=f"Ray pods in {config.ray.namespace}/{config.ray.service_account}: "
+                        f"s3://<bucket>/{storage.prefix}/ only",
+        )
+        objects = self.bucket.arn_for_objects(f"{storage.prefix}/*")
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ObjectsUnderPrefix",
+            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                     "s3:ListMultipartUploadParts"],
+            resources=[objects]))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="ListPrefixOnly",
+            actions=["s3:ListBucket"],
+            resources=[self.bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [storage.prefix, f"{storage.prefix}/*"]}}))
+        self.role.add_to_policy(iam.PolicyStatement(
+            sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+
+        # The service account itself is created by the cdk8s chart with the same name; the
+        # association binds whatever pod runs as it, so the two deploy in either order.
+        self.association = eks.CfnPodIdentityAssociation(
+            self, "RayPodIdentity", cluster_name=cluster.cluster_name, namespace=config.ray.namespace,
+            service_account=config.ray.service_account, role_arn=self.role.role_arn)
+
+        cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name, description="Checkpoint bucket.")
+        cdk.CfnOutput(self, "CheckpointUri",
+                      value=f"s3://{self.bucket.bucket_name}/{storage.checkpoint_prefix}",
+                      description="Ray Train storage path (expires after checkpoint_expiry_days).")
+        cdk.CfnOutput(self, "RayNamespace", value=config.ray.namespace, description="Namespace of the Ray pods.")
+        cdk.CfnOutput(self, "RayServiceAccount", value=config.ray.service_account,
+                      description="Service account bound to the bucket through Pod Identity.")
+        cdk.CfnOutput(self, "RayPodRoleArn", value=self.role.role_arn, description="Role the Ray pods assume.")

@@ -1,0 +1,562 @@
+"""The data path of the fine-tuning job: load, check, format, tokenize, pack, shard.
+
+`datasets.load_dataset` reads a Hugging Face hub id, a local directory, an `s3://` path, or a
+JSONL/JSON/Parquet/CSV file. Each row's instruction and response (columns named in the variable
+file) are rendered with the tokenizer's chat template, tokenized, and packed into full `seq_len`
+blocks with EOS between examples; prompt tokens can be masked from the loss. `ShardedBatches`
+gives each rank a disjoint shard of a per-epoch shuffle that depends only on (seed, epoch), and its
+position is a two-integer state that goes into the checkpoint, so a resumed run continues at
+exactly the next micro-batch.
+
+Bad settings raise `JobSettingError` naming the `job.<field>` to fix; `check_dataset` runs the
+cheap checks in the driver before any worker starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+"""Label value that `torch.nn.functional.cross_entropy` (and HF causal LMs) skip."""
+
+# File suffix -> `datasets` packaged builder that reads it.
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+# Remote filesystems `datasets` reaches through fsspec (s3 needs `s3fs` in the image).
+_REMOTE_PREFIXES = ("s3://",)
+
+
+class JobSettingError(ValueError):
+    """A job setting that cannot work; `str()` is `job.<field>: <message>`, naming what to fix."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"job.{field}: {message}")
+
+
+# ---- locating and loading ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    kind: str  # "file", "saved" (save_to_disk dir), "dir", "s3", "hub"
+    location: str
+
+
+def _classify(dataset: str) -> _Source:
+    """Decide how `job.dataset` is read; raise for a local path that is not there."""
+    if dataset.startswith(_REMOTE_PREFIXES):
+        return _Source("s3", dataset.rstrip("/"))
+    raw = dataset[len("file://"):] if dataset.startswith("file://") else dataset
+    path = Path(raw).expanduser()
+    if path.is_file():
+        if path.suffix.lower() not in FILE_BUILDERS:
+            raise JobSettingError("dataset", f"{raw}: unsupported file type '{path.suffix}'; "
+                                  f"use one of {sorted(FILE_BUILDERS)}, a directory, a hub id or an s3:// path")
+        return _Source("file", str(path))
+    if path.is_dir():
+        saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        return _Source("saved" if saved else "dir", str(path))
+    # Not on disk. A hub id is `name` or `owner/name`; anything else shaped like a path is a
+    # local path that is missing, and saying so beats a confusing hub lookup error.
+    looks_local = (
+        dataset.startswith(("/", "./", "../", "~", "file://"))
+        or path.suffix.lower() in FILE_BUILDERS
+        or raw.count("/") > 1
+        or os.sep != "/" and os.sep in raw
+    )
+    if looks_local:
+        raise JobSettingError("dataset", f"local path {raw} does not exist; check the path (relative paths "
+                              f"are resolved from {Path.cwd()})")
+    return _Source("hub", dataset)
+
+
+def _require_s3fs(dataset: str) -> None:
+    import importlib.util
+
+    # fsspec resolves s3:// through s3fs; without it `datasets` fails deep inside with an
+    # ImportError on every worker, so say what to install before anything starts.
+    if importlib.util.find_spec("s3fs") is None:
+        raise JobSettingError("dataset", f"{dataset}: reading s3:// needs the s3fs package; add \"s3fs\" to "
+                              "ray.extra_pip_packages (or install it in the image)")
+
+
+def _builder_for(location: str) -> str | None:
+    return FILE_BUILDERS.get(Path(location.split("?", 1)[0]).suffix.lower())
+
+
+def _s3_data_files(prefix: str) -> tuple[str, list[str]]:
+    """Data files under an s3:// prefix, all of the most common supported type, and their builder."""
+    import fsspec  # a dependency of `datasets`; the s3 protocol needs `s3fs`
+
+    fs, _, _ = fsspec.get_fs_token_paths(prefix)
+    found = [p for p in fs.find(prefix) if _builder_for(p)]
+    if not found:
+        raise JobSettingError("dataset", f"no {sorted(FILE_BUILDERS)} files under {prefix}")
+    by_builder: dict[str, list[str]] = {}
+    for p in sorted(found):
+        by_builder.setdefault(_builder_for(p), []).append(f"s3://{p}" if not p.startswith("s3://") else p)
+    builder = max(by_builder, key=lambda b: len(by_builder[b]))
+    return builder, by_builder[builder]
+
+
+def _required_columns(job) -> dict[str, str]:
+    """Column names the job reads, by the job field that names them."""
+    columns = {"instruction_field": job.instruction_field, "response_field": job.response_field}
+    input_field = getattr(job, "input_field", None)
+    if input_field:
+        columns["input_field"] = input_field
+    return columns
+
+
+def _check_columns(job, found: Sequence[str], where: str) -> None:
+    found = list(found)
+    for job_field, column in _required_columns(job).items():
+        if column not in found:
+            raise JobSettingError(job_field, f"column '{column}' is not in {where}; columns found: {found}")
+
+
+def _split_error(job, exc: Exception) -> JobSettingError | None:
+    text = str(exc)
+    if "split" in text.lower() and ("unknown" in text.lower() or "should be one of" in text.lower()):
+        return JobSettingError("dataset_split", f"'{job.dataset_split}' is not a split of {job.dataset}: {text}")
+    return None
+
+
+def load_records(job, *, cache_dir: str | os.PathLike | None = None):
+    """Load split `job.dataset_split` of `job.dataset` as a `datasets.Dataset` and check its columns.
+
+    `job.dataset` may be a hub id, a local directory (data files or a `save_to_disk` directory),
+    an `s3://` file or prefix (read through fsspec; credentials come from the environment, e.g. EKS
+    Pod Identity), or a `.jsonl`/`.json`/`.parquet`/`.csv` file. A single file or an s3 prefix has
+    one split, `train` (slices such as `train[:1000]` work). `cache_dir` overrides the `datasets`
+    cache (the Arrow copy of file data goes there).
+    """
+    import datasets
+
+    source = _classify(job.dataset)
+    split = job.dataset_split
+    kwargs: dict[str, Any] = {"cache_dir": str(cache_dir) if cache_dir else None}
+    try:
+        if source.kind == "file":
+            ds = datasets.load_dataset(_builder_for(source.location), data_files=source.location, split=split,
+                                       **kwargs)
+        elif source.kind == "saved":
+            loaded = datasets.load_from_disk(source.location)
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise JobSettingError("dataset_split", f"'{split}' is not a split of {job.dataset}; "
+                                          f"splits: {sorted(loaded)}")
+                loaded = loaded[split]
+            ds = loaded
+        elif source.kind == "s3":
+            _require_s3fs(job.dataset)
+            builder = _builder_for(source.location)
+            files: str | list[str] = source.location
+            if builder is None:
+                builder, files = _s3_data_files(source.location)
+            ds = datasets.load_dataset(builder, data_files=files, split=split, **kwargs)
+        else:  # local directory of data files, or hub id
+            ds = datasets.load_dataset(source.location, split=split, **kwargs)
+    except JobSettingError:
+        raise
+    except FileNotFoundError as exc:
+        raise JobSettingError("dataset", f"{job.dataset} not found: {exc}") from exc
+    except ValueError as exc:
+        err = _split_error(job, exc)
+        if err is not None:
+            raise err from exc
+        raise
+    if isinstance(ds, datasets.DatasetDict):  # defensive: a split=None-like result
+        raise JobSettingError("dataset_split", f"'{split}' selected several splits of {job.dataset}")
+    _check_columns(job, ds.column_names, job.dataset)
+    return ds
+
+
+def _file_columns(path: Path) -> list[str]:
+    """Column names of a local data file, reading only its head (schema for Parquet)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as fh:
+            return next(csv.reader(fh), [])
+    # JSON Lines, or a JSON document (list of rows, or a dict of columns).
+    with path.open(encoding="utf-8") as fh:
+        first = ""
+        for line in fh:
+            if line.strip():
+                first = line
+                break
+    if not first:
+        raise JobSettingError("dataset", f"{path} is empty")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        row = None
+    if isinstance(row, dict):
+        return list(row)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise JobSettingError("dataset", f"{path} is neither JSON Lines nor JSON: {exc}") from None
+    if isinstance(document, list) and document and isinstance(document[0], dict):
+        return list(document[0])
+    if isinstance(document, dict):
+        return list(document)
+    raise JobSettingError("dataset", f"{path} holds no rows (expected objects, one per line)")
+
+
+def check_dataset(job) -> None:
+    """Cheap pre-flight for the driver: the dataset exists and has the named columns.
+
+    Local files are checked from their first row (the schema for Parquet), a `save_to_disk`
+    directory from its memory-mapped table, a directory of data files from its first file, and a
+    hub id from its published features when online. s3:// paths are left to the workers (the
+    driver may not hold the job's credentials). Raises `JobSettingError` naming the field.
+    """
+    source = _classify(job.dataset)  # raises for a missing local path
+    split_base = job.dataset_split.split("[", 1)[0]
+    if source.kind == "file":
+        if split_base != "train":
+            raise JobSettingError("dataset_split", f"'{job.dataset_split}': a single file has one split, 'train'")
+        _check_columns(job, _file_columns(Path(source.location)), job.dataset)
+    elif source.kind == "saved":
+        import datasets
+
+        loaded = datasets.load_from_disk(source.location)
+        if isinstance(loaded, datasets.DatasetDict):
+            if split_base not in loaded:
+                raise JobSettingError("dataset_split", f"'{job.dataset_split}' is not a split of {job.dataset}; "
+                                      f"splits: {sorted(loaded)}")
+            loaded = loaded[split_base]
+        _check_columns(job, loaded.column_names, job.dataset)
+    elif source.kind == "dir":
+        files = sorted(p for p in Path(source.location).rglob("*") if p.is_file() and _builder_for(p.name))
+        if not files:
+            raise JobSettingError("dataset", f"{job.dataset} holds no {sorted(FILE_BUILDERS)} files")
+        _check_columns(job, _file_columns(files[0]), str(files[0]))
+    elif source.kind == "hub":
+        _check_hub_dataset(job, split_base)
+    else:
+        _require_s3fs(job.dataset)
+        log.info("dataset %s: s3 path, columns are checked by the workers", job.dataset)
+
+
+def _check_hub_dataset(job, split_base: str) -> None:
+    import datasets
+
+    if datasets.config.HF_HUB_OFFLINE:
+        log.info("dataset %s: offline, hub dataset not checked", job.dataset)
+        return
+    try:
+        builder = datasets.load_dataset_builder(job.dataset)
+    except datasets.exceptions.DatasetNotFoundError as exc:
+        raise JobSettingError("dataset", f"'{job.dataset}' is neither a local path nor a dataset on the hub "
+                              f"({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - network trouble must not block a run the workers may manage
+        log.warning("dataset %s: could not check on the hub (%s); the workers will", job.dataset, exc)
+        return
+    info = builder.info
+    if info.splits and split_base not in info.splits:
+        raise JobSettingError("dataset_split", f"'{job.dataset_split}' is not a split of {job.dataset}; "
+                              f"splits: {sorted(info.splits)}")
+    if info.features is not None:
+        _check_columns(job, list(info.features), job.dataset)
+
+
+# ---- formatting and tokenization ------------------------------------------------------------
+
+
+def _render(tokenizer, instruction: str, response: str | None) -> str:
+    messages = [{"role": "user", "content": instruction}]
+    if response is None:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    messages.append({"role": "assistant", "content": response})
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def tokenize_examples(
+    tokenizer, pairs: Sequence[tuple[str, str]], *, mask_prompt: bool = True
+) -> list[tuple[list[int], list[int]]]:
+    """`tokenize_example` for many (instruction, response) pairs, tokenizing in one batched call."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise JobSettingError("model", "the tokenizer has no chat_template; use a model whose tokenizer has one")
+    prompts = [_render(tokenizer, i, None) for i, _ in pairs]
+    fulls = [_render(tokenizer, i, r) for i, r in pairs]
+    # The template already writes any BOS/special tokens as text: add none on top.
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if pairs else []
+    full_ids = tokenizer(fulls, add_special_tokens=False)["input_ids"] if pairs else []
+    out = []
+    for prompt_text, full_text, p_ids, f_ids in zip(prompts, fulls, prompt_ids, full_ids, strict=True):
+        p_ids, f_ids = list(p_ids), list(f_ids)
+        if f_ids[: len(p_ids)] != p_ids:
+            # The prompt's last token merged with the response's first (BPE across the boundary).
+            # Masking needs a clean cut, so tokenize the response text on its own after the prompt.
+            if not full_text.startswith(prompt_text):
+                raise JobSettingError("model", "the chat template renders the user turn differently with and "
+                                      "without the assistant's reply, so the prompt cannot be masked")
+            f_ids = p_ids + list(tokenizer(full_text[len(prompt_text):], add_special_tokens=False)["input_ids"])
+        labels = list(f_ids)
+        if mask_prompt:
+            labels[: len(p_ids)] = [IGNORE_INDEX] * len(p_ids)
+        out.append((f_ids, labels))
+    return out
+
+
+def tokenize_example(tokenizer, instruction: str, response: str, *, mask_prompt: bool = True
+                     ) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one conversation (user = `instruction`, assistant = `response`).
+
+    Rendered with the tokenizer's chat template. `labels` is a copy of `ids`, with the prompt
+    (everything up to and including the assistant header) set to `IGNORE_INDEX` when
+    `mask_prompt`. The prompt tokens are guaranteed to be a prefix of `ids`.
+    """
+    return tokenize_examples(tokenizer, [(instruction, response)], mask_prompt=mask_prompt)[0]
+
+
+# ---- packing -------------------------------------------------------------------------------------
+
+
+def pack(examples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, eos_id: int
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """Pack (ids, labels) examples greedily into full `seq_len` blocks, EOS after each example.
+
+    The examples are laid end to end, each followed by one EOS token, and the stream is cut into
+    `seq_len` blocks; an example may continue into the next block, and the trailing partial block
+    is dropped. No other token is lost or repeated. Every position is a real token, so no compute
+    goes to padding.
+
+    The EOS after an example is labelled `eos_id`, so the model learns to stop after an answer,
+    unless the example's last label is `IGNORE_INDEX` (an example with nothing trained on, e.g. an
+    empty response under a masked prompt): the EOS then belongs to that masked span and is ignored.
+
+    Labels are not shifted: HF causal LMs shift inside their loss. Attention is not reset at the
+    example boundaries (plain causal attention over the block); the EOS tells the model a new
+    example starts. Returns `input_ids` and `labels`, both int64 `[N, seq_len]`.
+    """
+    if seq_len <= 0:
+        raise JobSettingError("seq_len", f"must be positive, got {seq_len}")
+    lengths = np.fromiter((len(ids) for ids, _ in examples), dtype=np.int64, count=len(examples))
+    total = int(lengths.sum()) + len(examples)
+    ids_stream = np.empty(total, dtype=np.int64)
+    labels_stream = np.empty(total, dtype=np.int64)
+    pos = 0
+    for (ids, labels), length in zip(examples, lengths, strict=True):
+        if len(labels) != length:
+            raise ValueError(f"an example has {length} ids but {len(labels)} labels")
+        end = pos + int(length)
+        ids_stream[pos:end] = ids
+        labels_stream[pos:end] = labels
+        ids_stream[end] = eos_id
+        trained = length > 0 and labels[-1] != IGNORE_INDEX
+        labels_stream[end] = eos_id if trained else IGNORE_INDEX
+        pos = end + 1
+    n_blocks = total // seq_len
+    keep = n_blocks * seq_len
+    return ids_stream[:keep].reshape(n_blocks, seq_len), labels_stream[:keep].reshape(n_blocks, seq_len)
+
+
+@dataclass
+class PackedDataset:
+    """Packed training blocks: `input_ids` and `labels`, int64 arrays of shape `[N, seq_len]`."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    num_examples: int = 0
+    """Examples packed into the blocks (statistics only)."""
+    dropped_tokens: int = 0
+    """Tokens of the trailing partial block that was dropped (statistics only)."""
+
+    def __post_init__(self):
+        if self.input_ids.shape != self.labels.shape or self.input_ids.ndim != 2:
+            raise ValueError(f"input_ids {self.input_ids.shape} and labels {self.labels.shape} must be equal [N, seq]")
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        """Block length, tokens."""
+        return int(self.input_ids.shape[1])
+
+    @property
+    def trained_tokens(self) -> int:
+        """Positions with a label (not `IGNORE_INDEX`)."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def extract_pairs(job, records) -> list[tuple[str, str]]:
+    """(instruction, response) strings from loaded records; rows without a response are skipped.
+
+    With `job.input_field` set (Alpaca's `input`), a non-empty input is appended to the
+    instruction after a blank line, as the Alpaca format intends.
+    """
+    instructions = list(records[job.instruction_field])
+    responses = list(records[job.response_field])
+    input_field = getattr(job, "input_field", None)
+    inputs = list(records[input_field]) if input_field else [None] * len(instructions)
+    pairs = []
+    for instruction, extra, response in zip(instructions, inputs, responses, strict=True):
+        instruction, extra, response = _text(instruction), _text(extra), _text(response)
+        if instruction is None or response is None or not response.strip():
+            continue  # nothing to learn from
+        if extra and extra.strip():
+            instruction = f"{instruction}\n\n{extra}"
+        pairs.append((instruction, response))
+    return pairs
+
+
+def split_pairs(pairs: Sequence[tuple[str, str]], *, seed: int, eval_fraction: float
+                ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Deterministic (train, eval) split: a seeded permutation, the first `eval_fraction` held out.
+
+    At least one example is held out when `eval_fraction > 0`; train keeps the permuted order.
+    """
+    n = len(pairs)
+    if n == 0:
+        raise JobSettingError("dataset", "no usable rows (every row lacks an instruction or a response)")
+    if not 0 <= eval_fraction < 1:
+        raise JobSettingError("eval_fraction", f"must be in [0, 1), got {eval_fraction}")
+    n_eval = 0 if eval_fraction == 0 else max(1, round(n * eval_fraction))
+    if n_eval >= n:
+        raise JobSettingError("eval_fraction", f"{eval_fraction} of {n} rows leaves nothing to train on")
+    order = np.random.default_rng(_seed_words(seed)).permutation(n)
+    return [pairs[i] for i in order[n_eval:]], [pairs[i] for i in order[:n_eval]]
+
+
+def build_datasets(job, tokenizer, *, cache_dir: str | os.PathLike | None = None
+                   ) -> tuple[PackedDataset, list[dict]]:
+    """Load, split, tokenize and pack: the packed training set and the raw held-out records.
+
+    Eval records are `{"instruction": ..., "response": ...}` dicts (these key names, whatever the
+    dataset's columns; an Alpaca input is already folded into the instruction), for `evaluate`.
+    Deterministic given the job, so every rank builds the same blocks.
+    """
+    records = load_records(job, cache_dir=cache_dir)
+    pairs = extract_pairs(job, records)
+    train_pairs, eval_pairs = split_pairs(pairs, seed=job.seed, eval_fraction=job.eval_fraction)
+    examples = tokenize_examples(tokenizer, train_pairs, mask_prompt=job.mask_prompt)
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None:
+        raise JobSettingError("model", "the tokenizer has no eos_token; packing needs one between examples")
+    input_ids, labels = pack(examples, job.seq_len, eos_id)
+    total = sum(len(ids) + 1 for ids, _ in examples)
+    if len(input_ids) == 0:
+        raise JobSettingError("seq_len", f"{job.seq_len} is longer than the whole training split ({total} tokens); "
+                              "lower job.seq_len or use more data")
+    dataset = PackedDataset(input_ids, labels, num_examples=len(examples), dropped_tokens=total - input_ids.size)
+    log.info("packed %d examples (%d tokens) into %d blocks of %d; %d tail tokens dropped; %d held out",
+             len(examples), total, len(dataset), job.seq_len, dataset.dropped_tokens, len(eval_pairs))
+    eval_records = [{"instruction": i, "response": r} for i, r in eval_pairs]
+    return dataset, eval_records
+
+
+# ---- sharding --------------------------------------------------------------------------------
+
+
+def _seed_words(seed: int, *more: int) -> list[int]:
+    # SeedSequence takes non-negative words; the job's seed may be any int.
+    return [seed % 2**64, *more]
+
+
+class ShardedBatches:
+    """This rank's micro-batches: a per-epoch shuffle by (seed, epoch), split across ranks.
+
+    Epoch `e` permutes the blocks with a generator seeded by `(seed, e)`, keeps the largest prefix
+    that gives every rank the same whole number of micro-batches, and hands rank `r` positions
+    `r, r + world_size, ...` of it: shards are disjoint, equal in length, and ranks never desync.
+    Iteration never ends (the trainer stops by steps). `state_dict()` is the position of the next
+    micro-batch; restoring it (with the same world size and micro-batch size) continues exactly.
+    """
+
+    def __init__(self, dataset: PackedDataset, *, rank: int, world_size: int, micro_batch_size: int, seed: int):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        if micro_batch_size < 1:
+            raise JobSettingError("micro_batch_size", f"must be positive, got {micro_batch_size}")
+        self.dataset = dataset
+        self.rank = rank
+        self.world_size = world_size
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        if self.batches_per_epoch == 0:
+            raise JobSettingError("micro_batch_size", f"{len(dataset)} packed blocks cannot give each of "
+                                  f"{world_size} ranks a micro-batch of {micro_batch_size}; use more data, "
+                                  "a smaller micro_batch_size or a smaller seq_len")
+        self._epoch = 0
+        self._position = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Micro-batches each rank gets per epoch."""
+        return len(self.dataset) // self.world_size // self.micro_batch_size
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next micro-batch."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Index of the next micro-batch within the epoch."""
+        return self._position
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """Block indices this rank reads in `epoch`, in order."""
+        usable = self.batches_per_epoch * self.micro_batch_size * self.world_size
+        order = np.random.default_rng(_seed_words(self.seed, epoch)).permutation(len(self.dataset))
+        return order[:usable][self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[dict]:
+        import torch
+
+        mb = self.micro_batch_size
+        while True:
+            indices = self.epoch_indices(self._epoch)
+            while self._position < self.batches_per_epoch:
+                rows = indices[self._position * mb : (self._position + 1) * mb]
+                batch = {
+                    "input_ids": torch.from_numpy(self.dataset.input_ids[rows]),
+                    "labels": torch.from_numpy(self.dataset.labels[rows]),
+                }
+                # Advance before yielding: a checkpoint taken after this batch was consumed must
+                # point at the next one (code after `yield` only runs on the following next()).
+                self._position += 1
+                yield batch
+            self._epoch += 1
+            self._position = 0
+
+    def state_dict(self) -> dict:
+        """`{"epoch", "position"}` of the next micro-batch (an epoch's end is the next one's start)."""
+        if self._position >= self.batches_per_epoch:
+            return {"epoch": self._epoch + 1, "position": 0}
+        return {"epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()`; the next micro-batch is the one after the saved run's last."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self.batches_per_epoch:
+            raise ValueError(f"data position epoch={epoch} position={position} is outside this run's "
+                             f"0..{self.batches_per_epoch} micro-batches per epoch (world size or batch changed?)")
+        self._epoch, self._position = epoch, position
