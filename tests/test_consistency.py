@@ -1,0 +1,104 @@
+"""The stacks, the manifests and the workload agree, because they derive from one variable file.
+
+Each check reads what was really synthesized: CloudFormation from the CDK app and Kubernetes objects
+from the cdk8s app, built from the same variant file.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from charts.charts import build_app, inputs, manifests
+from tests.stack_synth import synth, variant_file
+
+VARIANTS = ["default", "p5", "socket"]
+_CFN_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
+
+
+@cache
+def k8s_objects(name: str) -> list[dict]:
+    """Every Kubernetes object the cdk8s app synthesizes for variant `name`."""
+    file = variant_file(name)
+    from config import load_config
+
+    charts = manifests(build_app(inputs(load_config(file), file)))
+    return [obj for objs in charts.values() for obj in objs]
+
+
+def nodegroups(name: str) -> list[dict]:
+    """Properties of every EKS managed node group in the synthesized CloudFormation."""
+    return [res["Properties"] for template in synth(name).templates.values()
+            for res in template["Resources"].values() if res["Type"] == "AWS::EKS::Nodegroup"]
+
+
+def ray_cluster_spec(name: str) -> dict:
+    return next(o for o in k8s_objects(name) if o["kind"] == "RayCluster")["spec"]
+
+
+def pod_templates(name: str) -> list[dict]:
+    spec = ray_cluster_spec(name)
+    return [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
+
+
+def schedulable_on(pod_spec: dict, group: dict) -> bool:
+    """Whether a pod with this spec could land on a node of this node group (labels and taints)."""
+    labels = group.get("Labels") or {}
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    tolerations = pod_spec.get("tolerations") or []
+    for taint in group.get("Taints") or []:
+        if not any(t.get("key") == taint["Key"] and t.get("value", "") == taint.get("Value", "")
+                   and _CFN_EFFECT[t.get("effect", "NoSchedule")] == taint["Effect"] for t in tolerations):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_ray_pod_fits_a_node_group_the_stacks_create(name):
+    groups = nodegroups(name)
+    for template in pod_templates(name):
+        matches = [g for g in groups if schedulable_on(template["spec"], g)]
+        assert matches, f"{template['spec'].get('nodeSelector')} matches no node group's labels and taints"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_each_worker_group_lands_on_gpu_nodes_only_and_head_on_system_nodes(name):
+    groups = nodegroups(name)
+    spec = ray_cluster_spec(name)
+    head_groups = [g for g in groups if schedulable_on(spec["headGroupSpec"]["template"]["spec"], g)]
+    assert head_groups and all(not g.get("Taints") for g in head_groups)
+    for worker in spec["workerGroupSpecs"]:
+        targets = [g for g in groups if schedulable_on(worker["template"]["spec"], g)]
+        assert len(targets) == 1, worker["groupName"]
+        assert targets[0]["AmiType"] == "AL2023_x86_64_NVIDIA"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_worker_gpus_equal_world_size_and_node_group_capacity(name):
+    config = synth(name).config
+    spec = ray_cluster_spec(name)
+    total = 0
+    for worker in spec["workerGroupSpecs"]:
+        gpus = int(worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        total += worker["replicas"] * gpus
+    assert total == config.world_size
+    gpu_capacity = sum(g["ScalingConfig"]["DesiredSize"] * config.instance(wg).gpus
+                       for g, wg in zip(sorted((g for g in nodegroups(name) if g.get("Taints")),
+                                               key=lambda g: g["Labels"]["ray-efa.io/worker-group"]),
+                                        sorted(config.cluster.worker_groups, key=lambda w: w.name), strict=True))
+    assert gpu_capacity == total
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_service_account_matches_pod_identity_association(name):
+    associations = [res["Properties"] for template in synth(name).templates.values()
+                    for res in template["Resources"].values() if res["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    ray_assoc = [a for a in associations if a["ServiceAccount"] == synth(name).config.ray.service_account]
+    assert len(ray_assoc) == 1
+    accounts = [o for o in k8s_objects(name) if o["kind"] == "ServiceAccount"]
+    assert [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in accounts] == [
+        (ray_assoc[0]["Namespace"], ray_assoc[0]["ServiceAccount"])]
+    for template in pod_templates(name):
+        assert template["spec"]["serviceAccountName"] == ray_assoc[0]["ServiceAccount"]
