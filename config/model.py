@@ -523,6 +523,14 @@ class ClusterConfig(_Strict):
         """Checkpoint bucket name; `account` may be a CloudFormation token at deploy time."""
         return self.storage.bucket_name or f"{self.cluster.name}-ckpt-{account}-{self.region}"
 
+    def checkpoint_uri(self, bucket: str) -> str:
+        """Ray Train storage path: under the prefix the bucket's lifecycle rule expires."""
+        return f"s3://{bucket}/{self.storage.checkpoint_prefix.rstrip('/')}"
+
+    def export_uri(self, bucket: str) -> str:
+        """Where the final Hugging Face model goes: under the prefix that never expires."""
+        return f"s3://{bucket}/{self.storage.export_prefix}{self.job.run_name}"
+
     @cached_property
     def cost_per_hour(self) -> float:
         """On-demand cost of everything running, USD per hour (nodes, control plane, NAT)."""

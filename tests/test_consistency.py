@@ -102,3 +102,35 @@ def test_service_account_matches_pod_identity_association(name):
         (ray_assoc[0]["Namespace"], ray_assoc[0]["ServiceAccount"])]
     for template in pod_templates(name):
         assert template["spec"]["serviceAccountName"] == ray_assoc[0]["ServiceAccount"]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_scaling_config_matches_the_ray_cluster(name):
+    from workloads.fsdp_finetune.launch import build_trainer, cluster_plan
+
+    config = synth(name).config
+    scaling = build_trainer(cluster_plan(config, bucket="example-bucket")).scaling_config
+    spec = ray_cluster_spec(name)
+    assert scaling.num_workers == config.world_size
+    assert scaling.use_gpu and scaling.resources_per_worker["GPU"] == 1
+    for worker in spec["workerGroupSpecs"]:
+        limits = worker["template"]["spec"]["containers"][0]["resources"]["limits"]
+        # Every Ray Train worker of the pod must fit in the pod's CPU (Ray reads it from the limit).
+        assert scaling.resources_per_worker["CPU"] * int(limits["nvidia.com/gpu"]) < int(limits["cpu"])
+
+
+def test_workload_storage_lies_where_the_stacks_expire_and_keep_objects():
+    from workloads.fsdp_finetune.launch import cluster_plan
+
+    result = synth("default")
+    config = result.config
+    plan = cluster_plan(config, bucket="example-bucket")
+    bucket = next(r["Properties"] for r in result.templates["storage"]["Resources"].values()
+                  if r["Type"] == "AWS::S3::Bucket")
+    expiring = [r["Prefix"] for r in bucket["LifecycleConfiguration"]["Rules"] if "ExpirationInDays" in r]
+    assert plan.storage_path.startswith("s3://example-bucket/")
+    checkpoint_key = plan.storage_path.removeprefix("s3://example-bucket/") + "/"
+    export_key = plan.export_uri.removeprefix("s3://example-bucket/")
+    assert any(checkpoint_key.startswith(prefix) for prefix in expiring)
+    assert not any(export_key.startswith(prefix) for prefix in expiring)
+    assert checkpoint_key.startswith(config.storage.prefix + "/") and export_key.startswith(config.storage.prefix + "/")

@@ -1,0 +1,183 @@
+"""One-GPU throughput: this workload's settings against the walkthrough's, in the same run, without Ray.
+
+Model: the Qwen2.5-1.5B architecture from its config (hidden 1536, intermediate 8960, 28 layers,
+12 heads, 2 KV heads, vocab 151936, tied embeddings), random weights, nothing downloaded.
+World size 1 in this process (a one-rank process group), so both sides run their real FSDP code.
+
+* workload: fp32 master weights, FSDP2 `fully_shard` per decoder layer then root with bf16
+  compute / fp32 reduce (the workload's `shard_model`), fused AdamW (`build_optimizer`), its
+  `train_step`; seq 2048, micro-batch 8, sdpa, activation checkpointing off (switch with flags).
+* walkthrough: pure bf16 weights, FSDP1 `FullyShardedDataParallel` with `size_based_auto_wrap_policy`,
+  AdamW, seq 128, batch 1, `model(input_ids, labels=input_ids).loss.backward()`.
+
+MFU uses `metrics.flops_per_token` (6N + 12 L d T) against 989 TFLOP/s (H100/H200 dense bf16).
+Targets on an H200: workload MFU >= 40 % and >= 20x the walkthrough's tokens/s.
+
+    python bench/gpu_throughput.py                # on a GPU
+    python bench/gpu_throughput.py --tiny         # anywhere: tiny shapes on CPU, end to end in seconds
+
+CPU figures with --tiny only show that the script works; they are not the target. Last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PEAK_TFLOPS = 989.0  # H200 (= H100 SXM) dense bf16
+
+QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
+
+
+def _config(tiny: bool):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**(TINY if tiny else QWEN25_15B))
+
+
+def _timed(step, device, warmup: int, iters: int) -> float:
+    import torch
+
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / iters
+
+
+def bench_workload(cfg, device, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool, warmup: int,
+                   iters: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workloads.fsdp_finetune.model import shard_model
+    from workloads.fsdp_finetune.train import build_optimizer, train_step
+
+    torch.manual_seed(0)
+    # The workload loads with from_pretrained(dtype=float32); random weights come from the config here.
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    model.config.use_cache = False
+    model.to(device)
+    shard_model(model, device=device, activation_checkpointing=ac, compile=compile_)
+    job = {"learning_rate": 2e-5, "weight_decay": 0.0}
+    optimizer = build_optimizer(model, job, device)
+    gen = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": (ids := torch.randint(0, cfg.vocab_size, (micro, seq), generator=gen)),
+                "labels": ids.clone()} for _ in range(accum)]
+
+    def step():
+        train_step(model, optimizer, batches, grad_clip=1.0, device=device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = _timed(step, device, warmup, iters)
+    result = {"seq_len": seq, "micro_batch": micro, "accumulation": accum, "step_s": seconds,
+              "tokens_per_s": micro * seq * accum / seconds}
+    if device.type == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: int) -> dict:
+    import functools
+
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.config.use_cache = False
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=int(1e6 if cfg.hidden_size < 512 else 1e8))
+    if device.type == "cuda":
+        model = FSDP(model, auto_wrap_policy=policy, device_id=device, use_orig_params=True)
+    # FSDP1 refuses to run without an accelerator; on CPU (--tiny) the walkthrough's step runs
+    # unwrapped, which at world size 1 only drops FSDP1's own overhead.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds = _timed(step, device, warmup, iters)
+    return {"seq_len": seq, "batch": batch, "step_s": seconds, "tokens_per_s": batch * seq / seconds,
+            "fsdp1": device.type == "cuda"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny model on CPU: checks the script, not the target")
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--micro-batch", type=int, default=None)
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=None)
+    args = parser.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    from workloads.fsdp_finetune.metrics import flops_per_token, mfu
+
+    use_cuda = torch.cuda.is_available() and not args.tiny
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
+
+    cfg = _config(args.tiny)
+    seq = args.seq_len or (64 if args.tiny else 2048)
+    micro = args.micro_batch or (2 if args.tiny else 8)
+    warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    iters = args.iters or (2 if args.tiny else 10)
+    peak = PEAK_TFLOPS if use_cuda else None
+
+    ours = bench_workload(cfg, device, seq=seq, micro=micro, accum=args.accumulation,
+                          ac=args.activation_checkpointing, compile_=args.compile, warmup=warmup, iters=iters)
+    if use_cuda:
+        torch.cuda.empty_cache()  # the workload's model and optimizer are gone with its function
+    walk_seq = 16 if args.tiny else 128
+    theirs = bench_walkthrough(cfg, device, seq=walk_seq, batch=1, warmup=warmup, iters=max(iters, 5))
+    ours["mfu"] = mfu(ours["tokens_per_s"], cfg, seq, peak)
+    theirs["mfu"] = mfu(theirs["tokens_per_s"], cfg, walk_seq, peak)
+    speedup = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    dist.destroy_process_group()
+
+    where = torch.cuda.get_device_name(device) if use_cuda else "CPU (--tiny: not the target)"
+    print(f"device: {where}; model: {'tiny Qwen2' if args.tiny else 'Qwen2.5-1.5B architecture'}, random weights")
+    print(f"flops/token: workload {flops_per_token(cfg, seq):.3e}, walkthrough {flops_per_token(cfg, walk_seq):.3e}")
+    for name, r in (("workload", ours), ("walkthrough", theirs)):
+        m = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a (no CPU peak)"
+        print(f"{name:12s} {r['tokens_per_s']:12.0f} tokens/s  step {r['step_s']:.3f} s  MFU {m}")
+    print(f"speed-up {speedup:.1f}x (targets on an H200: MFU >= 40%, speed-up >= 20x)")
+    print(json.dumps({"device": where, "tiny": args.tiny, "peak_tflops": peak, "workload": ours,
+                      "walkthrough": theirs, "speedup": speedup,
+                      "targets_met": None if peak is None else bool(ours["mfu"] >= 0.40 and speedup >= 20)}))
+
+
+if __name__ == "__main__":
+    main()

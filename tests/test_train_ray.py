@@ -1,0 +1,133 @@
+"""The workload end to end on a real local Ray cluster: 2 CPU workers, FSDP2 over gloo, real checkpoints.
+
+Runs are shared across assertions to keep the module to a few minutes on two cores:
+
+* `reference`: uninterrupted; learning, metrics, export and logits are checked on it.
+* `fault`: the last worker kills itself once mid-run; FailureConfig restarts the group, which
+  resumes from the latest checkpoint; the final weights must equal the reference's bit for bit.
+* `abort`: the same kill with no restarts allowed makes `fit()` fail; a second `fit()` with the same
+  name and storage resumes from the checkpoint and must also end with the reference's weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training, start_local_ray  # noqa: E402
+from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
+
+# Small enough for a few seconds of training per run, with checkpoints to resume from mid-run.
+JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
+           checkpoint_every=4, report_every=2, learning_rate=3e-3)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    start_local_ray()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("train")
+
+
+def _plan(root, name, **overrides):
+    plan, assets = local_plan(root / name, assets_dir=root / "assets", run_name=name, **{**JOB, **overrides})
+    return plan, assets
+
+
+def _weights(model_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(model_dir, "model.safetensors"))
+
+
+def _assert_same_weights(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, root):
+    plan, assets = _plan(root, "reference")
+    result = run_training(plan)
+    assert result.error is None
+    return plan, assets, result
+
+
+def test_loss_falls_and_held_out_score_improves(reference):
+    plan, assets, _ = reference
+    records = read_metrics(plan.metrics_path)
+    assert [r["step"] for r in records] == list(range(2, 13, 2))
+    assert records[-1]["loss"] < 0.7 * records[0]["loss"]
+    for key in ("lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib"):
+        assert records[-1][key] > 0, key
+    assert records[-1]["mfu"] is None  # no meaningful peak on CPU
+    before = evaluate_dir(assets.model_dir, assets.eval_records[:20], plan.job)
+    after = evaluate_dir(plan.export_uri, assets.eval_records[:20], plan.job)
+    assert after["loss"] < 0.7 * before["loss"]
+    assert os.path.isfile(os.path.join(plan.export_uri, "model.safetensors"))
+
+
+def test_export_reloads_with_the_trained_weights(reference):
+    """The exported HF model gives the same logits as the final sharded checkpoint loaded into the model."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plan, assets, result = reference
+    exported = AutoModelForCausalLM.from_pretrained(plan.export_uri, dtype=torch.float32).eval()
+    AutoTokenizer.from_pretrained(plan.export_uri)  # the tokenizer travels with the model
+    trained = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32).eval()
+    state = {"model": trained.state_dict()}
+    # The checkpoint's DCP shards, read without a process group (single-process load).
+    dcp.load(state, checkpoint_id=result.checkpoint.path)
+    trained.load_state_dict(state["model"])
+    assert result.checkpoint.path.endswith("checkpoint_step_0000012")
+    ids = torch.randint(0, exported.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, trained(ids).logits)
+    # Training moved the weights away from the initial model.
+    initial = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert not torch.allclose(initial(ids).logits, trained(ids).logits)
+
+
+def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root):
+    ref_plan, _, _ = reference
+    marker = root / "fault.killed"
+    plan, _ = _plan(root, "fault", max_failures=1)
+    result = run_training(plan, fail_at_step=6, fail_marker=str(marker))
+    assert result.error is None
+    assert marker.read_text().startswith("killed at step 6")
+    records = read_metrics(plan.metrics_path)
+    assert [r["step"] for r in records] == list(range(2, 13, 2))  # replayed steps are not logged twice
+    assert {r["resumed_from_step"] for r in records if r["step"] > 4} == {4}
+    _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
+
+
+def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
+    ref_plan, _, _ = reference
+    marker = root / "abort.killed"
+    plan, _ = _plan(root, "abort", max_failures=0)
+    with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError, whatever its module
+        result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+        if result.error:
+            raise result.error
+    assert marker.exists()
+    assert not os.path.exists(plan.export_uri)
+    # Same name, same storage: Ray finds the run's checkpoints and the workers resume at step 8.
+    result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+    assert result.error is None
+    records = read_metrics(plan.metrics_path)
+    assert [r["step"] for r in records] == list(range(2, 13, 2))
+    assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}
+    _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))

@@ -1,0 +1,129 @@
+"""Sharded training checkpoints with `torch.distributed.checkpoint`, and the final Hugging Face export.
+
+Layout of one checkpoint directory (as Ray Train assembles it in storage):
+
+    .metadata              DCP index, written by rank 0
+    __<rank>_0.distcp      each rank's shards of the model and optimizer state (fp32)
+    trainer_<rank>.pt      each rank's scheduler, step, data position and RNG states
+
+Each rank writes into its own local directory and reports it with `ray.train.report`; Ray copies
+every rank's files into the one checkpoint folder in storage, and the file names never collide.
+DCP needs no shared file system for this: plans and metadata travel over the process group.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+TRAINER_FILE = "trainer_{rank}.pt"
+
+
+def rng_state(device: torch.device) -> dict:
+    """Every random generator the training step may draw from on this rank."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # numpy is optional for the step itself
+        pass
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    """Restore what `rng_state` captured."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, step: int, data_state: dict,
+                    device: torch.device) -> None:
+    """Write this rank's part of a checkpoint into `directory` (collective: every rank must call it)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(directory))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    torch.save(
+        {"step": step, "scheduler": scheduler.state_dict(), "data": data_state, "rng": rng_state(device)},
+        directory / TRAINER_FILE.format(rank=rank),
+    )
+
+
+def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, device: torch.device) -> dict:
+    """Restore model, optimizer, scheduler and RNG from a checkpoint; return `{"step", "data"}` for this rank.
+
+    Collective: every rank must call it. The world size must match the one that saved (the data
+    position and RNG states are per rank).
+    """
+    directory = Path(directory)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    trainer_file = directory / TRAINER_FILE.format(rank=rank)
+    if not trainer_file.exists():
+        raise FileNotFoundError(f"{trainer_file} missing: the checkpoint was written by a different world size")
+    # Our own file (RNG states are numpy/python objects, not just tensors).
+    extra = torch.load(trainer_file, weights_only=False)
+    scheduler.load_state_dict(extra["scheduler"])
+    set_rng_state(extra["rng"], device)
+    return {"step": extra["step"], "data": extra["data"]}
+
+
+def export_hf_model(model, tokenizer, destination: str, *, max_shard_size: str = "5GB") -> None:
+    """Write the full model (safetensors) and tokenizer in Hugging Face format to `destination`.
+
+    Collective: every rank takes part in gathering the full state dict; with `cpu_offload` each
+    layer is gathered and moved to CPU one at a time, and only rank 0 keeps the full copy, so
+    no GPU ever holds the whole model. Rank 0 writes to a local temporary folder and copies it to
+    `destination` (a local path or any URI pyarrow understands, such as `s3://bucket/key`).
+    """
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        with tempfile.TemporaryDirectory(prefix="hf-export-") as tmp:
+            # save_pretrained on the unwrapped module: the config and generation config come along,
+            # and tied weights are written once.
+            model.save_pretrained(tmp, state_dict=state, safe_serialization=True, max_shard_size=max_shard_size)
+            tokenizer.save_pretrained(tmp)
+            copy_tree(tmp, destination)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def copy_tree(local_dir: str, destination: str) -> None:
+    """Copy a local folder to a local path or a URI (s3://...), replacing files of the same name."""
+    import pyarrow.fs as pafs
+
+    if "://" not in destination:
+        Path(destination).mkdir(parents=True, exist_ok=True)
+        destination = str(Path(destination).resolve())
+        fs, path = pafs.LocalFileSystem(), destination
+    else:
+        fs, path = pafs.FileSystem.from_uri(destination)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(local_dir, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

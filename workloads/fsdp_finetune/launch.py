@@ -1,0 +1,383 @@
+"""`main()`: validate the job, build Ray Train's configs from the variable file, run `fit()`.
+
+    python -m workloads.fsdp_finetune [--config FILE] [--storage-path URI] [--max-steps N]
+    python -m workloads.fsdp_finetune --local --output-dir DIR [--max-steps N]
+
+On the cluster the job comes from the variable file and checkpoints go to the stacks' S3 bucket.
+`--local` keeps the file's validation but swaps in the embedded tiny job (`local_job`): a random
+Qwen2-architecture model, a generated arithmetic dataset, two CPU workers on gloo, all on this
+machine. Every bad setting is reported before a worker starts, as `SOURCE: job.<field>: message`,
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from config import load_or_exit, resolve_path
+from config.model import ClusterConfig, JobConfig
+
+LOCAL_WORKERS = 2
+LOCAL_SOURCE = "local job"
+
+
+def local_job(assets, **overrides) -> JobConfig:
+    """The embedded job of `--local`: sized to finish in about two minutes on two CPU cores.
+
+    The tiny model (0.2M parameters) learns single-digit addition in ChatML from 4,000 generated
+    examples: 2 workers x micro-batch 8 x 2 accumulation steps = 32 sequences of 128 tokens per step
+    (~4,000 tokens, ~120 answers), a high learning rate because the model starts from random
+    weights, and a checkpoint every third of the run.
+    """
+    values = dict(
+        model=str(assets.model_dir),
+        dataset=str(assets.dataset_path),
+        dataset_split="train",
+        instruction_field="instruction",
+        response_field="response",
+        eval_fraction=0.0,  # the assets hold out their own questions (disjoint from training)
+        seq_len=128,
+        micro_batch_size=8,
+        global_batch_size=32,
+        learning_rate=3e-3,
+        weight_decay=0.0,
+        warmup_steps=10,
+        max_steps=150,
+        grad_clip=1.0,
+        mask_prompt=True,
+        checkpoint_every=50,
+        keep_checkpoints=2,
+        report_every=5,
+        max_failures=1,
+        activation_checkpointing=False,
+        compile=False,
+        attn_implementation="sdpa",
+        seed=0,
+        run_name="local-demo",
+    )
+    values.update(overrides)
+    if values["checkpoint_every"] > values["max_steps"]:
+        values["checkpoint_every"] = values["max_steps"]
+    if values["warmup_steps"] >= values["max_steps"]:
+        values["warmup_steps"] = values["max_steps"] // 10
+    return JobConfig.model_validate(values)
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """A job setting refused before training starts."""
+
+    source: str
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: job.{self.field}: {self.message}"
+
+
+def validate_job(job: JobConfig, *, world_size: int, source: str) -> list[SettingProblem]:
+    """Every check that can run in the driver: batch split for this world size, dataset and columns.
+
+    The loader already refuses zero or negative sizes and checks the batch split for the cluster's
+    world size; this rechecks the split for the world size actually used (2 locally) and looks at
+    the dataset (path exists, the named columns are there) through the data module's `check_dataset`.
+    """
+    from workloads.fsdp_finetune.data import JobSettingError, check_dataset
+
+    problems = []
+    per_step = job.micro_batch_size * world_size
+    if job.global_batch_size % per_step:
+        problems.append(SettingProblem(source, "global_batch_size",
+                                       f"{job.global_batch_size} is not a multiple of micro_batch_size x world size = "
+                                       f"{job.micro_batch_size} x {world_size} = {per_step}; use a multiple of "
+                                       f"{per_step}"))
+    if job.warmup_steps >= job.max_steps:
+        problems.append(SettingProblem(source, "warmup_steps",
+                                       f"{job.warmup_steps} warm-up steps leave none of max_steps={job.max_steps}"))
+    if job.attn_implementation == "flash_attention_2" and source == LOCAL_SOURCE:
+        problems.append(SettingProblem(source, "attn_implementation", "flash_attention_2 needs a GPU; use sdpa"))
+    try:
+        check_dataset(job)
+    except JobSettingError as exc:
+        problems.append(SettingProblem(source, exc.field, exc.message))
+    return problems
+
+
+def refuse(problems: list[SettingProblem]) -> None:
+    """Print the problems and exit 2 (the loader's convention) when there are any."""
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        raise SystemExit(2)
+
+
+def checkpoint_bucket(config: ClusterConfig) -> str:
+    """The checkpoint bucket: $CHECKPOINT_BUCKET, the file's `storage.bucket_name`, or the stacks' derived name."""
+    bucket = os.environ.get("CHECKPOINT_BUCKET") or config.storage.bucket_name
+    if not bucket:
+        import boto3
+
+        account = boto3.client("sts", region_name=config.region).get_caller_identity()["Account"]
+        bucket = config.bucket_name(account)
+    return bucket
+
+
+@dataclass
+class RunPlan:
+    """Everything `run_training` needs: the job, where things go, and how many workers."""
+
+    job: JobConfig
+    storage_path: str
+    export_uri: str
+    num_workers: int
+    use_gpu: bool
+    cpus_per_worker: int
+    grad_accumulation: int
+    gpu_peak_tflops: float | None
+    metrics_path: str | None = None
+    progress: bool = False
+    local: bool = False
+
+
+def build_trainer(plan: RunPlan, **extra):
+    """The `TorchTrainer` with `ScalingConfig`, `RunConfig`, `FailureConfig` and `CheckpointConfig`."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from workloads.fsdp_finetune.train import make_train_config, train_func
+
+    job = plan.job
+    resources = {"CPU": plan.cpus_per_worker}
+    if plan.use_gpu:
+        resources["GPU"] = 1
+    train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
+                                     gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
+                                     metrics_path=plan.metrics_path, progress=plan.progress, **extra)
+    return TorchTrainer(
+        train_func,
+        train_loop_config=train_config,
+        torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=plan.num_workers, use_gpu=plan.use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(
+            name=job.run_name,
+            storage_path=plan.storage_path,
+            failure_config=FailureConfig(max_failures=job.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints),
+        ),
+    )
+
+
+def run_training(plan: RunPlan, **extra):
+    """Run `fit()` for the plan and return Ray's `Result` (raises if training fails for good)."""
+    return build_trainer(plan, **extra).fit()
+
+
+def local_plan(output_dir: str | os.PathLike, *, max_steps: int | None = None, assets_dir=None,
+               **job_overrides) -> tuple[RunPlan, object]:
+    """The plan of a local run under `output_dir` (assets generated under it unless `assets_dir`)."""
+    from workloads.fsdp_finetune.local_assets import prepare_local_assets
+
+    out = Path(output_dir).resolve()
+    assets = prepare_local_assets(Path(assets_dir).resolve() if assets_dir else out / "assets")
+    if max_steps is not None:
+        job_overrides["max_steps"] = max_steps
+    job = local_job(assets, **job_overrides)
+    plan = RunPlan(
+        job=job,
+        storage_path=str(out),
+        export_uri=str(out / "model"),
+        num_workers=LOCAL_WORKERS,
+        use_gpu=False,
+        cpus_per_worker=1,
+        grad_accumulation=job.global_batch_size // (job.micro_batch_size * LOCAL_WORKERS),
+        gpu_peak_tflops=None,
+        metrics_path=str(out / "metrics.jsonl"),
+        local=True,
+    )
+    return plan, assets
+
+
+def evaluate_dir(model_dir: str | os.PathLike, records: list[dict], job: JobConfig) -> dict:
+    """Score a saved model on held-out records in this process (`evaluate.evaluate`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workloads.fsdp_finetune.evaluate import evaluate
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return evaluate(model, tokenizer, records, instruction_field="instruction", response_field="response")
+
+
+class DriverProgress:
+    """A progress bar in the driver fed by the metrics file rank 0 appends to (local runs only).
+
+    Drawn here rather than on a worker: Ray forwards worker output line by line, which turns a
+    redrawn bar into a stream of lines.
+    """
+
+    def __init__(self, metrics_path: str, total: int, interval_s: float = 0.5):
+        self.path, self.total, self.interval_s = Path(metrics_path), total, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from tqdm import tqdm
+
+        from workloads.fsdp_finetune.metrics import read_metrics
+
+        with tqdm(total=self.total, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True) as bar:
+            while True:
+                stopping = self._stop.wait(self.interval_s)
+                try:
+                    records = read_metrics(self.path)
+                except (OSError, ValueError):  # a line being written
+                    records = []
+                if records:
+                    last = records[-1]
+                    bar.n = last["step"]
+                    bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}", refresh=False)
+                    bar.refresh()
+                if stopping:
+                    return
+
+
+def start_local_ray() -> None:
+    """A Ray cluster on this machine: CPUs for the workers plus one for the train controller."""
+    import ray
+
+    # The preemption watcher is for cloud instances; locally it only adds start-up time and noise.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    if not ray.is_initialized():
+        ray.init(num_cpus=LOCAL_WORKERS + 1, include_dashboard=False, log_to_driver=True,
+                 configure_logging=False)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.fsdp_finetune", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=None, help="variable file (default: $CLUSTER_CONFIG or the default)")
+    parser.add_argument("--local", action="store_true", help="run the embedded tiny job on this machine's CPUs")
+    parser.add_argument("--output-dir", default="out/local", help="local mode: metrics, plot, checkpoints, model")
+    parser.add_argument("--max-steps", type=int, default=None, help="override job.max_steps")
+    parser.add_argument("--storage-path", default=None,
+                        help="Ray storage URI (default: s3://<bucket>/<storage.prefix>/checkpoints on the cluster, DIR locally)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: validate, plan, (preflight,) fit, and for local runs evaluate before and after."""
+    args = parse_args(argv)
+    file = resolve_path(args.config)
+    config = load_or_exit(file)
+    if args.max_steps is not None and args.max_steps < 1:
+        refuse([SettingProblem("--max-steps", "max_steps", f"must be positive, got {args.max_steps}")])
+    if args.local:
+        return _main_local(args, config)
+    return _main_cluster(args, config, str(file))
+
+
+def cluster_plan(config: ClusterConfig, *, storage_path: str | None = None, max_steps: int | None = None,
+                 bucket: str | None = None) -> RunPlan:
+    """The plan of a cluster run: one worker per GPU of the variable file, checkpoints and export on S3.
+
+    Without `storage_path` the checkpoints go to `config.checkpoint_uri` (the prefix the bucket's
+    lifecycle rule expires) and the model to `config.export_uri` (kept); `bucket` defaults to
+    `checkpoint_bucket(config)`.
+    """
+    job = config.job if max_steps is None else config.job.model_copy(update={"max_steps": max_steps})
+    if storage_path:
+        storage, export = storage_path, f"{storage_path.rstrip('/')}/{job.run_name}/model"
+    else:
+        bucket = bucket or checkpoint_bucket(config)
+        storage, export = config.checkpoint_uri(bucket), config.export_uri(bucket)
+    return RunPlan(
+        job=job,
+        storage_path=storage,
+        export_uri=export,
+        num_workers=config.world_size,
+        use_gpu=True,
+        cpus_per_worker=config.cpus_per_worker,
+        grad_accumulation=config.grad_accumulation,
+        gpu_peak_tflops=config.gpu_peak_tflops,
+    )
+
+
+def _main_cluster(args, config: ClusterConfig, file: str) -> int:
+    job = config.job if args.max_steps is None else config.job.model_copy(update={"max_steps": args.max_steps})
+    refuse(validate_job(job, world_size=config.world_size, source=file))
+    plan = cluster_plan(config, storage_path=args.storage_path, max_steps=args.max_steps)
+    if config.ray.preflight:
+        from workloads.preflight import run_preflight
+
+        report = run_preflight(config, local=False)
+        print(report.render())
+        if not report.ok:
+            print("preflight failed; not starting training", file=sys.stderr)
+            return 1
+    result = run_training(plan)
+    print(json.dumps({"checkpoint": getattr(result.checkpoint, "path", None), "model": plan.export_uri,
+                      "metrics": result.metrics}, default=str))
+    return 0
+
+
+def _main_local(args, config: ClusterConfig) -> int:
+    started = time.perf_counter()
+    plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
+    if args.storage_path:
+        plan.storage_path = args.storage_path
+    refuse(validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE))
+    out = Path(args.output_dir).resolve()
+    print(f"local run: {plan.job.max_steps} steps of {plan.job.global_batch_size} x {plan.job.seq_len} tokens on "
+          f"{plan.num_workers} CPU workers; output in {out}", flush=True)
+
+    before = evaluate_dir(assets.model_dir, assets.eval_records, plan.job)
+    print(f"before training: held-out exact match {before['exact_match']:.1%}, loss {before['loss']:.3f} "
+          f"({len(assets.eval_records)} questions)", flush=True)
+
+    start_local_ray()
+    with DriverProgress(plan.metrics_path, plan.job.max_steps):
+        result = run_training(plan)
+    if result.error:
+        print(f"training failed: {result.error}", file=sys.stderr)
+        return 1
+
+    from workloads.fsdp_finetune.metrics import plot_loss, read_metrics
+
+    png = plot_loss(plan.metrics_path, out / "loss.png", title=f"{plan.job.run_name}: training loss")
+    records = read_metrics(plan.metrics_path)
+    after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
+    summary = {
+        "train_loss_first": records[0]["loss"] if records else None,
+        "train_loss_last": records[-1]["loss"] if records else None,
+        "eval_exact_match_before": before["exact_match"],
+        "eval_exact_match_after": after["exact_match"],
+        "eval_loss_before": before["loss"],
+        "eval_loss_after": after["loss"],
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "model_dir": plan.export_uri,
+        "metrics": plan.metrics_path,
+        "loss_png": str(png) if png else None,
+    }
+    print(f"after training:  held-out exact match {after['exact_match']:.1%}, loss {after['loss']:.3f}")
+    print(f"training loss {summary['train_loss_first']:.3f} -> {summary['train_loss_last']:.3f}; "
+          f"{summary['wall_time_s']:.0f} s in all")
+    print(json.dumps(summary))
+    return 0

@@ -1,0 +1,138 @@
+"""Building the model on a worker: weights fetched once per node, loaded in fp32, sharded with FSDP2."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# Files `from_pretrained` needs; skips the .bin/.pth/.gguf copies some repositories also carry.
+_WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
+
+
+def is_local_path(model: str) -> bool:
+    """Whether `model` names a directory on this machine (no download needed)."""
+    return os.path.isdir(model)
+
+
+def fetch_weights(model: str, *, local_rank: int, cache_dir: str | None = None) -> str:
+    """Make `model` available on this node's disk, downloading once per node; return a local path.
+
+    Local rank 0 of each node downloads (hub id via `snapshot_download`, `s3://` prefix via boto3)
+    into the node-local cache; every rank then waits on a barrier, and the other ranks resolve
+    the same cached files without network access. A local directory is used as it is. Must be
+    called by every rank (it contains a collective).
+    """
+    if is_local_path(model):
+        return model
+    path = None
+    if local_rank == 0:
+        path = _download(model, cache_dir)
+    if dist.is_initialized():
+        # Every node's local rank 0 has finished its download once the barrier releases.
+        dist.barrier()
+    if path is None:
+        path = _download(model, cache_dir, offline=True)
+    return path
+
+
+def _download(model: str, cache_dir: str | None, *, offline: bool = False) -> str:
+    if model.startswith("s3://"):
+        return _download_s3(model, cache_dir)
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model, cache_dir=cache_dir, allow_patterns=_WEIGHT_PATTERNS, local_files_only=offline)
+
+
+def _download_s3(uri: str, cache_dir: str | None) -> str:
+    """Copy an `s3://bucket/prefix` model directory into the cache (skipping files already there)."""
+    import boto3
+
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    prefix = prefix.rstrip("/")
+    root = Path(cache_dir or Path.home() / ".cache" / "fsdp_finetune") / "s3" / bucket / prefix
+    s3 = boto3.client("s3")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for obj in page.get("Contents", []):
+            target = root / obj["Key"][len(prefix) + 1 :]
+            if target.exists() and target.stat().st_size == obj["Size"]:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, obj["Key"], str(target))
+    return str(root)
+
+
+def resolve_attn_implementation(requested: str, device: torch.device) -> str:
+    """The attention kernel to use: flash-attention 2 only on CUDA with `flash_attn` installed, else sdpa."""
+    if requested == "flash_attention_2" and (device.type != "cuda" or importlib.util.find_spec("flash_attn") is None):
+        log.warning("flash_attention_2 needs CUDA and the flash_attn package; using sdpa")
+        return "sdpa"
+    return requested
+
+
+def build_model(path: str, *, attn_implementation: str, device: torch.device):
+    """Load a causal LM from a local path with fp32 master weights (on CPU; sharding moves it).
+
+    The fp32 copy is what the optimizer updates; on GPU the forward/backward run in bf16 through
+    FSDP2's mixed-precision policy, so no precision is lost across many small updates (the
+    walkthrough's pure-bf16 weights drop updates smaller than bf16's 8-bit mantissa can hold).
+    """
+    from transformers import AutoModelForCausalLM
+
+    attn = resolve_attn_implementation(attn_implementation, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+    # The KV cache is for generation; in training it only costs memory.
+    model.config.use_cache = False
+    return model
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The transformer blocks (`model.model.layers` in Llama/Qwen-style Hugging Face models)."""
+    return model.model.layers
+
+
+def shard_model(
+    model,
+    *,
+    device: torch.device,
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+    mesh=None,
+):
+    """Apply activation checkpointing, per-layer compile and FSDP2 `fully_shard` (each layer, then root).
+
+    One FSDP unit per decoder layer lets the all-gather of layer i+1 overlap layer i's compute and
+    frees each layer's full parameters right after use; the root unit holds the embeddings, final
+    norm and (tied) LM head. On GPU, parameters are cast to bf16 for compute and gradients are
+    reduced in fp32; on CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls
+    are slow). Activation checkpointing uses Hugging Face's per-layer implementation (non-reentrant),
+    which keeps parameter names unchanged, so checkpoints and the exported model need no renaming.
+    Returns the model, sharded in place.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp_policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        if compile:
+            # In-place compile keeps the module (and its parameter names) as it is.
+            layer.compile()
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
+
+
+def count_params(model) -> int:
+    """Total parameter count (of the full, unsharded model)."""
+    return sum(p.numel() for p in model.parameters())

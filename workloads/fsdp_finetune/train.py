@@ -1,0 +1,290 @@
+"""The per-worker training function (`train_func`) and the pieces it is built from.
+
+`train_func(config)` runs once on every Ray Train worker. `config` is plain data (see
+`make_train_config`): the job settings as a dict plus the numbers derived from the variable
+file, so it pickles without the pydantic model. The same `train_step` drives the benchmarks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
+from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
+from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, shard_model
+
+log = logging.getLogger("fsdp_finetune")
+
+IGNORE_INDEX = -100  # the data side's label for tokens outside the loss (data.IGNORE_INDEX)
+
+
+def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
+                      metrics_path: str | None = None, progress: bool = False, **extra) -> dict:
+    """The plain-data config every worker receives.
+
+    `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
+    model; `metrics_path` (local runs: workers share the machine) is the JSON Lines file rank 0
+    appends to. `extra` carries test knobs: `fail_at_step` + `fail_marker` make the last rank
+    kill itself once (the marker file records that it did), to exercise restarts.
+    """
+    return {
+        "job": dict(job),
+        "grad_accumulation": int(grad_accumulation),
+        "gpu_peak_tflops": gpu_peak_tflops,
+        "export_uri": export_uri,
+        "metrics_path": metrics_path,
+        "progress": progress,
+        **extra,
+    }
+
+
+# ---- optimisation ---------------------------------------------------------------------------
+
+
+def build_optimizer(model, job: dict, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norms and biases); fused kernel on GPU."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": job["weight_decay"]},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=job["learning_rate"], betas=(0.9, 0.95), eps=1e-8,
+                             fused=device.type == "cuda")
+
+
+def lr_factor(step: int, *, warmup_steps: int, max_steps: int) -> float:
+    """Multiplier of the peak learning rate at `step` (0-based): linear warm-up, then cosine to zero."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_scheduler(optimizer, job: dict) -> torch.optim.lr_scheduler.LambdaLR:
+    """Warm-up then cosine, stepped once per optimizer step."""
+    warmup, total = job["warmup_steps"], job["max_steps"]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps=warmup, max_steps=total))
+
+
+def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float, device: torch.device) -> dict:
+    """One optimizer step over `micro_batches` (this rank's share of the global batch).
+
+    The loss is the sum of token losses over the whole accumulation window on every rank,
+    divided by the number of label tokens in that window across all ranks, so accumulation and
+    data parallelism give exactly the gradient of one big batch, whatever the padding or prompt
+    masking per micro-batch. FSDP averages gradients over ranks; the `world` factor undoes that.
+    Gradients are reduced only on the last micro-batch (FSDP2 `set_requires_gradient_sync`).
+    Returns tensors (no host sync): `loss_sum`, `label_tokens` (global), `grad_norm`, and the
+    int `tokens` this rank processed.
+    """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    label_tokens = torch.zeros((), dtype=torch.int64, device=device)
+    for mb in micro_batches:
+        label_tokens += (mb["labels"][:, 1:] != IGNORE_INDEX).sum().to(device)
+    if dist.is_initialized():
+        dist.all_reduce(label_tokens)
+    scale = world / label_tokens.clamp(min=1).to(torch.float32)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    tokens = 0
+    accumulate = len(micro_batches) > 1 and hasattr(model, "set_requires_gradient_sync")
+    for i, mb in enumerate(micro_batches):
+        if accumulate:
+            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        input_ids = mb["input_ids"].to(device, non_blocking=True)
+        labels = mb["labels"].to(device, non_blocking=True)
+        logits = model(input_ids=input_ids).logits
+        # Labels are unshifted (position t predicts token t+1); fp32 for a stable log-softmax.
+        token_loss = F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)).float(),
+            labels[:, 1:].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        (token_loss * scale).backward()
+        loss_sum += token_loss.detach()
+        tokens += input_ids.numel()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if dist.is_initialized():
+        dist.all_reduce(loss_sum)
+    return {"loss_sum": loss_sum, "label_tokens": label_tokens, "grad_norm": grad_norm, "tokens": tokens}
+
+
+# ---- the worker ------------------------------------------------------------------------------
+
+
+def _setup_logging(rank: int) -> None:
+    # Rank 0 speaks for the group; other ranks only report problems.
+    level = logging.INFO if rank == 0 else logging.WARNING
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[fsdp_finetune rank %(rank)s] %(message)s"))
+        handler.addFilter(lambda record: setattr(record, "rank", rank) or True)
+        log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+
+
+def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
+    """Test knob: the last rank kills its process (no clean-up, like an OOM kill) once at `fail_at_step`."""
+    at, marker = config.get("fail_at_step"), config.get("fail_marker")
+    if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
+        return
+    Path(marker).write_text(f"killed at step {step}\n")
+    log.warning("fail_at_step=%d: rank %d exits abruptly", step, rank)
+    os._exit(1)
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    try:  # inside a Ray worker the bar is drawn by the driver
+        from ray.experimental.tqdm_ray import tqdm
+    except ImportError:
+        from tqdm import tqdm
+    bar = tqdm(total=total, desc="train")
+    if initial:
+        bar.update(initial)
+    return bar
+
+
+def train_func(config: dict) -> None:
+    """Fine-tune on this worker: build, shard, restore, train, checkpoint, report, export."""
+    import ray.train
+    import ray.train.torch
+    from transformers import AutoTokenizer
+
+    from workloads.fsdp_finetune.data import ShardedBatches, build_datasets
+
+    ctx = ray.train.get_context()
+    rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
+    _setup_logging(rank)
+    job = config["job"]
+    device = ray.train.torch.get_device()
+    if device.type == "cpu":
+        # Ray sets OMP_NUM_THREADS to the worker's CPUs; keep torch's intra-op pool to that.
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    # Same seed on every rank for anything drawn before the first checkpoint; dropout etc. then
+    # differ per rank through the offset.
+    torch.manual_seed(job["seed"] + rank)
+
+    path = fetch_weights(job["model"], local_rank=local_rank, cache_dir=config.get("cache_dir"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    train_ds, _eval_records = build_datasets(_job_for_data(job), tokenizer)
+    batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
+                             seed=job["seed"])
+
+    model = build_model(path, attn_implementation=job["attn_implementation"], device=device)
+    model_config = model.config
+    n_params = count_params(model)
+    shard_model(model, device=device, activation_checkpointing=job["activation_checkpointing"],
+                compile=job["compile"])
+    optimizer = build_optimizer(model, job, device)
+    scheduler = build_scheduler(optimizer, job)
+
+    step = start_step = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            restored = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler,
+                                       device=device)
+        step = start_step = restored["step"]
+        batches.load_state_dict(restored["data"])
+        log.info("resumed from %s at step %d", checkpoint.path, step)
+    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step",
+             job["model"], n_params / 1e6, world, config["grad_accumulation"], job["micro_batch_size"],
+             job["seq_len"])
+
+    metrics_log = MetricsLog(config["metrics_path"], resume_step=step) if rank == 0 and config.get(
+        "metrics_path") else None
+    bar = _progress_bar(job["max_steps"], step, rank == 0 and config.get("progress", False))
+    peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
+    batch_iter = iter(batches)
+    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+    window_loss, window_label_tokens = [], []
+    last_grad_norm = torch.zeros(())
+
+    while step < job["max_steps"]:
+        _maybe_fail(config, step, rank, world)
+        lr = scheduler.get_last_lr()[0]
+        micro = [next(batch_iter) for _ in range(config["grad_accumulation"])]
+        out = train_step(model, optimizer, micro, grad_clip=job["grad_clip"], device=device)
+        scheduler.step()
+        step += 1
+        window_steps += 1
+        window_tokens += out["tokens"]
+        window_loss.append(out["loss_sum"])
+        window_label_tokens.append(out["label_tokens"])
+        last_grad_norm = out["grad_norm"]
+        if bar is not None:
+            bar.update(1)
+
+        save = step % job["checkpoint_every"] == 0 or step == job["max_steps"]
+        if not (save or step % job["report_every"] == 0):
+            continue
+        # One host sync per report, not per step: the window's figures are averages.
+        loss = float(torch.stack(window_loss).sum() / torch.stack(window_label_tokens).sum().clamp(min=1))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        # The next window starts here, so the report and checkpoint below count against throughput.
+        elapsed, window_start = now - window_start, now
+        tps_worker = window_tokens / elapsed
+        metrics = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": float(last_grad_norm),
+            "tokens_per_s": tps_worker * world,
+            "tokens_per_s_per_gpu": tps_worker,
+            "mfu": mfu(tps_worker, model_config, job["seq_len"], peak),
+            "step_time_s": elapsed / window_steps,
+            "peak_memory_gib": peak_memory_gib(device),
+            "epoch": batches.state_dict().get("epoch", 0),
+            "resumed_from_step": start_step,
+        }
+        if metrics_log is not None:
+            metrics_log.write(metrics)
+        if bar is not None:
+            bar.set_description(f"train loss {loss:.3f}")
+        elif metrics_log is None:  # a local run's driver draws its own bar from the metrics file
+            log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs", step, loss, lr,
+                     metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"])
+        if save:
+            with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+                save_checkpoint(tmp, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                                data_state=batches.state_dict(), device=device)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=f"checkpoint_step_{step:07d}")
+        else:
+            ray.train.report(metrics)
+        window_steps, window_tokens = 0, 0
+        window_loss, window_label_tokens = [], []
+
+    if bar is not None:
+        bar.close()
+    export_hf_model(model, tokenizer, config["export_uri"])
+    log.info("exported the model to %s", config["export_uri"])
+
+
+def _job_for_data(job: dict):
+    """The job in the form the data module takes (it reads fields by attribute)."""
+    from config.model import JobConfig
+
+    return JobConfig.model_validate(job)
