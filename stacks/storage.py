@@ -70,8 +70,10 @@ class StorageStack(cdk.Stack):
 
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name, description="Checkpoint bucket.")
         cdk.CfnOutput(self, "CheckpointUri",
-                      value=f"s3://{self.bucket.bucket_name}/{storage.checkpoint_prefix}",
+                      value=config.checkpoint_uri(self.bucket.bucket_name),
                       description="Ray Train storage path (expires after checkpoint_expiry_days).")
+        cdk.CfnOutput(self, "ModelExportUri", value=config.export_uri(self.bucket.bucket_name),
+                      description="Where the job writes the final Hugging Face model (never expires).")
         cdk.CfnOutput(self, "RayNamespace", value=config.ray.namespace, description="Namespace of the Ray pods.")
         cdk.CfnOutput(self, "RayServiceAccount", value=config.ray.service_account,
                       description="Service account bound to the bucket through Pod Identity.")

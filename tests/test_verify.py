@@ -1,0 +1,215 @@
+"""`workloads.verify` decisions on kubernetes client model objects for healthy and broken clusters."""
+
+from __future__ import annotations
+
+import socket
+
+from kubernetes.client import (
+    V1DaemonSet,
+    V1DaemonSetStatus,
+    V1Deployment,
+    V1DeploymentSpec,
+    V1DeploymentStatus,
+    V1LabelSelector,
+    V1Node,
+    V1NodeCondition,
+    V1NodeStatus,
+    V1ObjectMeta,
+    V1Pod,
+    V1PodCondition,
+    V1PodStatus,
+)
+
+from config.k8s import system_node_labels, worker_node_labels
+from tests.helpers import EXAMPLES, load_variant
+from workloads import verify
+
+MARKER_OK = ('PREFLIGHT_RESULT {"ok":true,"network":"efa","world_size":8,"hosts":2,"all_reduce_busbw_gbs":3.41,'
+             '"size_bytes":1073741824,"floor_gbs":1.25,"failures":[]}')
+MARKER_FAIL = ('PREFLIGHT_RESULT {"ok":false,"network":"socket","world_size":8,"hosts":2,"all_reduce_busbw_gbs":0.8,'
+               '"size_bytes":1073741824,"floor_gbs":1.25,"failures":["all: nccl-network: EFA expected but NCCL '
+               'selected NET/Socket"]}')
+
+
+def node(name, labels, *, gpu="4", efa="1", ready=True):
+    alloc = {"cpu": "47810m", "memory": "180Gi", "hugepages-2Mi": "5Gi"}
+    if gpu is not None:
+        alloc["nvidia.com/gpu"] = gpu
+    if efa is not None:
+        alloc["vpc.amazonaws.com/efa"] = efa
+    return V1Node(metadata=V1ObjectMeta(name=name, labels=labels),
+                  status=V1NodeStatus(allocatable=alloc,
+                                      conditions=[V1NodeCondition(type="Ready", status="True" if ready else "False")]))
+
+
+def daemonset(name, namespace="kube-system", *, desired=2, ready=2):
+    return V1DaemonSet(metadata=V1ObjectMeta(name=name, namespace=namespace),
+                       status=V1DaemonSetStatus(desired_number_scheduled=desired, number_ready=ready,
+                                                current_number_scheduled=desired, number_misscheduled=0))
+
+
+def deployment(name, namespace="kuberay-operator", *, replicas=1, ready=1):
+    return V1Deployment(metadata=V1ObjectMeta(name=name, namespace=namespace),
+                        spec=V1DeploymentSpec(replicas=replicas, selector=V1LabelSelector(), template={}),
+                        status=V1DeploymentStatus(ready_replicas=ready))
+
+
+def ray_pod(name, kind, *, ready=True, cluster="finetune-raycluster-x7k"):
+    return V1Pod(metadata=V1ObjectMeta(name=name, labels={"ray.io/node-type": kind, "ray.io/cluster": cluster}),
+                 status=V1PodStatus(phase="Running" if ready else "Pending",
+                                    conditions=[V1PodCondition(type="Ready", status="True" if ready else "False")]))
+
+
+def rayjob(name="finetune", created="2026-12-01T10:00:00Z", job_status="RUNNING", deployment_status="Running"):
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": name, "namespace": "ray", "creationTimestamp": created},
+            "status": {"jobStatus": job_status, "jobDeploymentStatus": deployment_status,
+                       "rayClusterName": "finetune-raycluster-x7k"}}
+
+
+def healthy(config):
+    group = config.cluster.worker_groups[0]
+    return {
+        "nodes": [node("ip-10-0-1-23", worker_node_labels(config, group)),
+                  node("ip-10-0-1-57", worker_node_labels(config, group)),
+                  node("ip-10-0-2-11", system_node_labels(), gpu=None, efa=None)],
+        "daemonsets": [daemonset("nvidia-device-plugin"),
+                       daemonset("nvidia-device-plugin-mps-control-daemon", desired=0, ready=0),
+                       daemonset("aws-efa-k8s-device-plugin"),
+                       daemonset("aws-node", desired=3, ready=3)],
+        "deployments": [deployment("kuberay-operator"), deployment("coredns", "kube-system", replicas=2, ready=2)],
+        "pods": [ray_pod("finetune-head-abcde", "head"), ray_pod("finetune-gpu-worker-1", "worker"),
+                 ray_pod("finetune-gpu-worker-2", "worker")],
+        "rayjobs": [rayjob("old", created="2026-11-30T10:00:00Z", job_status="FAILED", deployment_status="Failed"),
+                    rayjob()],
+        "job_logs": "2026-12-01 10:01:02 INFO starting\n" + MARKER_OK + "\nTraining started\n",
+    }
+
+
+def statuses(rows):
+    return {(r.section, r.name): r.status for r in rows}
+
+
+def test_healthy_cluster_passes(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **healthy(config))
+    assert not verify.failed(rows), verify.render(rows)
+    got = statuses(rows)
+    assert got[("nodes", "ip-10-0-1-23")] == "PASS" and got[("nodes", "group gpu")] == "PASS"
+    assert ("nodes", "ip-10-0-2-11") not in got  # system node: not a GPU node
+    assert got[("ray", "workers")] == "PASS" and got[("job", "last preflight")] == "PASS"
+    # The MPS control daemon wants 0 pods by design and is not counted as the device plugin.
+    assert sum(1 for r in rows if r.name == "NVIDIA device plugin") == 1
+    text = verify.render(rows)
+    assert "verify: PASS" in text and "3.41 GB/s" in text
+
+
+def test_device_plugin_daemonset_with_zero_desired_pods_fails(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    snap["daemonsets"][2] = daemonset("aws-efa-k8s-device-plugin", desired=0, ready=0)
+    rows = verify.evaluate(config, **snap)
+    bad = [r for r in rows if r.status == "FAIL"]
+    assert [r.name for r in bad] == ["EFA device plugin"]
+    assert "0 desired pods" in bad[0].detail and "vpc.amazonaws.com/efa.present=true" in bad[0].fix
+
+
+def test_node_without_efa_allocatable_fails(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    labels = worker_node_labels(config, config.cluster.worker_groups[0])
+    snap["nodes"][1] = node("ip-10-0-1-57", labels, efa=None)
+    rows = verify.evaluate(config, **snap)
+    bad = [r for r in rows if r.status == "FAIL"]
+    assert [r.name for r in bad] == ["ip-10-0-1-57"]
+    assert "vpc.amazonaws.com/efa allocatable 0, expected 1" in bad[0].detail
+    assert "EFA device plugin" in bad[0].fix
+    assert "ip-10-0-1-57" in verify.render(rows) and "verify: FAIL" in verify.render(rows)
+
+
+def test_socket_transport_does_not_need_efa(tmp_path):
+    config = load_variant(tmp_path, base=EXAMPLES / "socket.yaml", name="socket.yaml")
+    snap = healthy(config)
+    labels = worker_node_labels(config, config.cluster.worker_groups[0])
+    snap["nodes"][:2] = [node("a", labels, gpu="1", efa=None), node("b", labels, gpu="1", efa=None)]
+    snap["daemonsets"] = [daemonset("nvidia-device-plugin")]
+    rows = verify.evaluate(config, **snap)
+    assert not verify.failed(rows), verify.render(rows)
+    assert statuses(rows)[("add-ons", "EFA device plugin")] == "SKIP"
+
+
+def test_missing_gpu_node_gpu_allocatable_and_missing_operator(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    labels = worker_node_labels(config, config.cluster.worker_groups[0])
+    snap["nodes"][0] = node("ip-10-0-1-23", labels, gpu="0", ready=False)
+    snap["deployments"] = [deployment("coredns", "kube-system")]
+    rows = verify.evaluate(config, **snap)
+    got = statuses(rows)
+    assert got[("nodes", "ip-10-0-1-23")] == "FAIL"
+    assert got[("nodes", "group gpu")] == "FAIL"  # one Ready node of two
+    assert got[("add-ons", "KubeRay operator")] == "FAIL"
+    node_row = next(r for r in rows if r.name == "ip-10-0-1-23")
+    assert "not Ready" in node_row.detail and "nvidia.com/gpu allocatable 0, expected 4" in node_row.detail
+
+
+def test_unready_daemonset_and_worker_pods(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    snap["daemonsets"][0] = daemonset("nvidia-device-plugin", "nvidia-device-plugin", desired=2, ready=1)
+    snap["pods"][2] = ray_pod("finetune-gpu-worker-2", "worker", ready=False)
+    rows = verify.evaluate(config, **snap)
+    got = statuses(rows)
+    assert got[("add-ons", "NVIDIA device plugin")] == "FAIL"
+    assert got[("ray", "workers")] == "FAIL"
+    workers = next(r for r in rows if r.name == "workers")
+    assert "1/2 worker pods ready" in workers.detail and "finetune-gpu-worker-2" in workers.detail
+
+
+def test_failed_preflight_marker_fails_and_missing_one_warns(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    snap["job_logs"] = MARKER_OK + "\n" + MARKER_FAIL  # a retry: the last line counts
+    rows = verify.evaluate(config, **snap)
+    row = next(r for r in rows if r.name == "last preflight")
+    assert row.status == "FAIL" and "NET/Socket" in row.detail and "finetune" in row.detail
+    snap["job_logs"] = None
+    assert statuses(verify.evaluate(config, **snap))[("job", "last preflight")] == "WARN"
+    snap["rayjobs"] = []
+    assert statuses(verify.evaluate(config, **snap))[("job", "last preflight")] == "SKIP"
+
+
+def test_finished_job_without_pods_skips_ray_rows(tmp_path):
+    config = load_variant(tmp_path)
+    snap = healthy(config)
+    snap["pods"] = []
+    snap["rayjobs"] = [rayjob(job_status="SUCCEEDED", deployment_status="Complete")]
+    rows = verify.evaluate(config, **snap)
+    assert statuses(rows)[("ray", "head and workers")] == "SKIP"
+    snap["rayjobs"] = [rayjob()]
+    got = statuses(verify.evaluate(config, **snap))
+    assert got[("ray", "head")] == "FAIL" and got[("ray", "workers")] == "FAIL"
+
+
+def test_latest_rayjob():
+    jobs = [rayjob("b", created="2026-12-01T10:00:00Z"), rayjob("a", created="2026-12-02T09:00:00Z")]
+    assert verify.latest_rayjob(jobs)["metadata"]["name"] == "a"
+    assert verify.latest_rayjob([]) is None
+
+
+def test_unreachable_cluster_exits_2(tmp_path, capsys):
+    with socket.socket() as s:  # a port nobody listens on: a real connection refusal, no API server
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+current-context: x
+""")
+    assert verify.main(["--kubeconfig", str(kubeconfig)]) == 2
+    assert "cannot read the cluster" in capsys.readouterr().err
+
+

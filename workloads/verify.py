@@ -1,0 +1,353 @@
+"""`python -m workloads.verify`: check a deployed cluster against the variable file.
+
+Decisions are pure functions over `kubernetes` client model objects (V1Node, V1DaemonSet,
+V1Deployment, V1Pod) and the RayJob custom objects as dicts, so they are tested without an API
+server; `gather()` is the only code that talks to the cluster (current kubeconfig). Checks:
+
+* every GPU node (label `ray-efa.io/role=gpu`) is Ready with `nvidia.com/gpu` allocatable, and with
+  `vpc.amazonaws.com/efa` allocatable when `nccl.transport: efa`; each worker group has its nodes;
+* the NVIDIA device plugin DaemonSet (name contains `nvidia-device-plugin`, MPS control daemon
+  excluded), the EFA device plugin DaemonSet (name contains `efa` and `device-plugin`, only with
+  EFA) and the KubeRay operator Deployment (name contains `kuberay-operator`), in any namespace,
+  exist with more than zero desired pods, all ready;
+* the Ray head and all worker pods (labels `ray.io/node-type`) in `ray.namespace` are ready;
+* the latest RayJob's preflight result: the `PREFLIGHT_RESULT {...}` line in its submitter's logs.
+
+Exit status: 0 when nothing failed (warnings and skips allowed), 1 on any failure, 2 when the
+cluster cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
+
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+MARKER = "PREFLIGHT_RESULT"
+NODE_TYPE_LABEL = "ray.io/node-type"
+CLUSTER_LABEL = "ray.io/cluster"
+# The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
+# zero desired pods there is normal.
+_NVIDIA_EXCLUDE = ("mps-control",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One verification line: `status` is PASS, FAIL, WARN or SKIP; a FAIL says how to fix it."""
+
+    section: str
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _quantity(value) -> float:
+    from kubernetes.utils import parse_quantity
+
+    try:
+        return float(parse_quantity(value)) if value is not None else 0.0
+    except (ValueError, TypeError):
+        return 0.0
+
+
+def _node_ready(node) -> bool:
+    conditions = (node.status.conditions or []) if node.status else []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def check_gpu_nodes(nodes: list, config) -> list[Row]:
+    """GPU and (for EFA transport) EFA allocatable on every GPU node; each worker group has its node count."""
+    efa = config.nccl.transport == "efa"
+    groups = {g.name: g for g in config.cluster.worker_groups}
+    gpu_nodes = [n for n in nodes if (n.metadata.labels or {}).get(ROLE_LABEL) == "gpu"]
+    rows: list[Row] = []
+    for node in sorted(gpu_nodes, key=lambda n: n.metadata.name):
+        labels = node.metadata.labels or {}
+        group = groups.get(labels.get(WORKER_GROUP_LABEL, ""), config.cluster.worker_groups[0])
+        itype = config.instance(group)
+        alloc = (node.status.allocatable or {}) if node.status else {}
+        gpus, efas = int(_quantity(alloc.get(GPU))), int(_quantity(alloc.get(EFA)))
+        problems, fixes = [], []
+        if not _node_ready(node):
+            problems.append("not Ready")
+            fixes.append("kubectl describe node; check the node group's health in the EKS console")
+        if gpus < itype.gpus:
+            problems.append(f"{GPU} allocatable {gpus}, expected {itype.gpus}")
+            fixes.append(f"the NVIDIA device plugin must run here: node label {GPU_PRESENT_LABEL}=true and the "
+                         "nvidia.com/gpu taint tolerated (node group labels in the stack)")
+        if efa and efas < max(1, itype.efa_interfaces):
+            problems.append(f"{EFA} allocatable {efas}, expected {itype.efa_interfaces}")
+            fixes.append(f"the EFA device plugin must run here: node label {EFA_PRESENT_LABEL}=true; the node "
+                         "group's launch template must attach EFA interfaces (InterfaceType: efa)")
+        detail = f"{group.name} {itype.name}: gpu {gpus}" + (f", efa {efas}" if efa else "")
+        if problems:
+            rows.append(Row(section="nodes", name=node.metadata.name, status="FAIL",
+                            detail=f"{detail}: {'; '.join(problems)}", fix="; ".join(fixes)))
+        else:
+            rows.append(Row(section="nodes", name=node.metadata.name, status="PASS", detail=detail))
+    for group in config.cluster.worker_groups:
+        count = sum(1 for n in gpu_nodes if (n.metadata.labels or {}).get(WORKER_GROUP_LABEL) == group.name
+                    and _node_ready(n))
+        if count >= group.nodes:
+            rows.append(Row(section="nodes", name=f"group {group.name}", status="PASS",
+                            detail=f"{count} Ready node(s), want {group.nodes}"))
+        else:
+            rows.append(Row(section="nodes", name=f"group {group.name}", status="FAIL",
+                            detail=f"{count} Ready node(s) labelled {ROLE_LABEL}=gpu, {WORKER_GROUP_LABEL}="
+                                   f"{group.name}; want {group.nodes}",
+                            fix="check the node group (capacity: spot/capacity_block may have none; "
+                                "gpu_availability_zone may lack the instance type) and its labels"))
+    return rows
+
+
+def _ds_counts(ds) -> tuple[int, int]:
+    status = ds.status
+    return (status.desired_number_scheduled or 0, status.number_ready or 0) if status else (0, 0)
+
+
+def _deploy_counts(dep) -> tuple[int, int]:
+    desired = dep.spec.replicas if dep.spec and dep.spec.replicas is not None else 1
+    return desired, (dep.status.ready_replicas or 0) if dep.status else 0
+
+
+def check_controllers(daemonsets: list, deployments: list, config) -> list[Row]:
+    """Device-plugin DaemonSets and the KubeRay Deployment exist, want > 0 pods, and all are ready."""
+    efa = config.nccl.transport == "efa"
+
+    def nvidia(name: str) -> bool:
+        return "nvidia-device-plugin" in name and not any(x in name for x in _NVIDIA_EXCLUDE)
+
+    def efa_plugin(name: str) -> bool:
+        return "efa" in name and "device-plugin" in name
+
+    wanted = [
+        ("NVIDIA device plugin", "DaemonSet", daemonsets, nvidia, _ds_counts, True,
+         f"label GPU nodes {GPU_PRESENT_LABEL}=true (the chart's nodeSelector) and tolerate the nvidia.com/gpu "
+         "taint; check the Helm release nvidia-device-plugin"),
+        ("EFA device plugin", "DaemonSet", daemonsets, efa_plugin, _ds_counts, efa,
+         f"label GPU nodes {EFA_PRESENT_LABEL}=true (the chart's nodeSelector), tolerate the nvidia.com/gpu taint; "
+         "check the Helm release aws-efa-k8s-device-plugin"),
+        ("KubeRay operator", "Deployment", deployments, lambda n: "kuberay-operator" in n, _deploy_counts, True,
+         "check the Helm release kuberay-operator (ray.kuberay_version) and that a system node has room"),
+    ]
+    rows: list[Row] = []
+    for label, kind, objects, match, counts, required, fix in wanted:
+        found = [o for o in objects if match(o.metadata.name)]
+        if not found:
+            if required:
+                rows.append(Row(section="add-ons", name=label, status="FAIL", detail=f"no {kind} found", fix=fix))
+            else:
+                rows.append(Row(section="add-ons", name=label, status="SKIP", detail="not needed for socket transport"))
+            continue
+        for obj in found:
+            desired, ready = counts(obj)
+            where = f"{kind} {obj.metadata.namespace}/{obj.metadata.name}"
+            if desired == 0:
+                rows.append(Row(section="add-ons", name=label, status="FAIL",
+                                detail=f"{where}: 0 desired pods (scheduled on no node)", fix=fix))
+            elif ready < desired:
+                rows.append(Row(section="add-ons", name=label, status="FAIL",
+                                detail=f"{where}: {ready}/{desired} ready",
+                                fix=f"kubectl -n {obj.metadata.namespace} describe {kind.lower()} {obj.metadata.name}; "
+                                    "check the pods' events (image pull, tolerations, resources)"))
+            else:
+                rows.append(Row(section="add-ons", name=label, status="PASS",
+                                detail=f"{where}: {ready}/{desired} ready"))
+    return rows
+
+
+def _pod_ready(pod) -> bool:
+    status = pod.status
+    if not status or status.phase != "Running":
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
+
+
+def _terminal(rayjob: dict | None) -> bool:
+    status = (rayjob or {}).get("status") or {}
+    return status.get("jobDeploymentStatus") in ("Complete", "Failed") or status.get("jobStatus") in (
+        "SUCCEEDED", "FAILED", "STOPPED")
+
+
+def check_ray_pods(pods: list, config, rayjob: dict | None = None) -> list[Row]:
+    """The Ray head and the expected number of worker pods are ready (the latest RayJob's cluster if known)."""
+    cluster = ((rayjob or {}).get("status") or {}).get("rayClusterName")
+    ray_pods = [p for p in pods if (p.metadata.labels or {}).get(NODE_TYPE_LABEL) in ("head", "worker")]
+    if cluster:
+        ray_pods = [p for p in ray_pods if (p.metadata.labels or {}).get(CLUSTER_LABEL) == cluster] or ray_pods
+    heads = [p for p in ray_pods if p.metadata.labels[NODE_TYPE_LABEL] == "head"]
+    workers = [p for p in ray_pods if p.metadata.labels[NODE_TYPE_LABEL] == "worker"]
+    want = sum(config.pods(g) for g in config.cluster.worker_groups)
+    ns = config.ray.namespace
+    if not ray_pods and _terminal(rayjob):
+        name = rayjob["metadata"]["name"]
+        return [Row(section="ray", name="head and workers", status="SKIP",
+                    detail=f"no Ray pods: RayJob {name} finished and its cluster was removed")]
+    rows = []
+    ready_heads = sum(_pod_ready(p) for p in heads)
+    if ready_heads >= 1:
+        rows.append(Row(section="ray", name="head", status="PASS", detail=f"{heads[0].metadata.name} ready"))
+    else:
+        rows.append(Row(section="ray", name="head", status="FAIL",
+                        detail=f"no ready Ray head pod in namespace {ns} ({len(heads)} found)",
+                        fix=f"submit the RayJob (it creates the cluster) or kubectl -n {ns} describe pod -l "
+                            f"{NODE_TYPE_LABEL}=head; check ray.head fits a system node"))
+    ready_workers = sum(_pod_ready(p) for p in workers)
+    if ready_workers >= want:
+        rows.append(Row(section="ray", name="workers", status="PASS", detail=f"{ready_workers}/{want} ready"))
+    else:
+        pending = [p.metadata.name for p in workers if not _pod_ready(p)]
+        rows.append(Row(section="ray", name="workers", status="FAIL",
+                        detail=f"{ready_workers}/{want} worker pods ready" + (f"; not ready: {', '.join(pending[:4])}"
+                                                                                if pending else ""),
+                        fix=f"kubectl -n {ns} describe pod <worker>: Pending usually means the node lacks "
+                            "nvidia.com/gpu, vpc.amazonaws.com/efa or hugepages-2Mi allocatable (see the nodes rows)"))
+    return rows
+
+
+def latest_rayjob(rayjobs: list[dict]) -> dict | None:
+    """The most recently created RayJob (RFC 3339 timestamps sort as text)."""
+    return max(rayjobs, key=lambda j: (j.get("metadata") or {}).get("creationTimestamp") or "", default=None)
+
+
+def parse_preflight_marker(logs: str) -> dict | None:
+    """The last `PREFLIGHT_RESULT {...}` JSON in a job's logs, or None."""
+    found = None
+    for line in logs.splitlines():
+        at = line.find(MARKER + " ")
+        if at < 0:
+            continue
+        try:
+            found = json.loads(line[at + len(MARKER) + 1:].strip())
+        except json.JSONDecodeError:
+            continue
+    return found
+
+
+def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
+    """The latest job's preflight verdict, from its marker line."""
+    name = "last preflight"
+    if not config.ray.preflight:
+        return Row(section="job", name=name, status="SKIP", detail="ray.preflight is false in the variable file")
+    if rayjob is None:
+        return Row(section="job", name=name, status="SKIP", detail="no RayJob submitted yet")
+    job = rayjob["metadata"]["name"]
+    result = parse_preflight_marker(logs or "")
+    if result is None:
+        state = ((rayjob.get("status") or {}).get("jobStatus")) or "not started"
+        return Row(section="job", name=name, status="WARN",
+                   detail=f"RayJob {job} ({state}): no {MARKER} line in its logs (not run yet, or logs gone)")
+    busbw = result.get("all_reduce_busbw_gbs")
+    figures = f"network {result.get('network')}, all_reduce busbw {busbw} GB/s" if busbw is not None else (
+        f"network {result.get('network')}")
+    if result.get("ok"):
+        return Row(section="job", name=name, status="PASS", detail=f"RayJob {job}: {figures}")
+    failures = result.get("failures") or []
+    return Row(section="job", name=name, status="FAIL",
+               detail=f"RayJob {job}: {figures}; " + " | ".join(failures[:3]),
+               fix="run python -m workloads.preflight on the cluster for the full table; see the troubleshooting "
+                   "section of README.md")
+
+
+def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: list, rayjobs: list[dict],
+             job_logs: str | None) -> list[Row]:
+    """Every verification row for one snapshot of the cluster."""
+    job = latest_rayjob(rayjobs)
+    return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config)
+            + check_ray_pods(pods, config, job) + [check_preflight(job, job_logs, config)])
+
+
+def failed(rows: list[Row]) -> bool:
+    """Whether any row failed."""
+    return any(r.status == "FAIL" for r in rows)
+
+
+def render(rows: list[Row]) -> str:
+    """The rows as a table, then each failure's fix."""
+    header = ("section", "check", "status", "detail")
+    cells = [header] + [(r.section, r.name, r.status, r.detail) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    lines = []
+    for j, c in enumerate(cells):
+        lines.append("  " + "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3])
+        if j == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    fails = [r for r in rows if r.status == "FAIL"]
+    lines.append("")
+    lines.append(f"verify: {'FAIL' if fails else 'PASS'} ({len(fails)} failure(s))")
+    for r in fails:
+        lines.append(f"  [{r.section}] {r.name}: {r.detail}")
+        if r.fix:
+            lines.append(f"      fix: {r.fix}")
+    return "\n".join(lines)
+
+
+def gather(config, *, kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None) -> dict:
+    """Read the cluster with the official client: nodes, DaemonSets, Deployments, Ray pods, RayJobs, job logs."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+    from kubernetes.client.rest import ApiException
+
+    kube_config.load_kube_config(config_file=kubeconfig, context=context)
+    core, apps, custom = client.CoreV1Api(), client.AppsV1Api(), client.CustomObjectsApi()
+    ns = namespace or config.ray.namespace
+    try:
+        rayjobs = custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayjobs").get("items", [])
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        rayjobs = []
+    logs = None
+    job = latest_rayjob(rayjobs)
+    if job is not None:
+        # KubeRay's submitter is a batch Job named after the RayJob; it tails the driver's output.
+        submitters = core.list_namespaced_pod(ns, label_selector=f"job-name={job['metadata']['name']}").items
+        texts = []
+        for pod in submitters:
+            try:
+                texts.append(core.read_namespaced_pod_log(pod.metadata.name, ns, tail_lines=5000))
+            except ApiException:
+                continue
+        logs = "\n".join(texts) if texts else None
+    return {
+        "nodes": core.list_node().items,
+        "daemonsets": apps.list_daemon_set_for_all_namespaces().items,
+        "deployments": apps.list_deployment_for_all_namespaces().items,
+        "pods": core.list_namespaced_pod(ns, label_selector=NODE_TYPE_LABEL).items,
+        "rayjobs": rayjobs,
+        "job_logs": logs,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: 0 all passed, 1 a check failed, 2 cluster unreachable or bad variable file."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.verify", description="Verify a deployed cluster.")
+    parser.add_argument("--config", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--namespace", help="Ray namespace (default: ray.namespace)")
+    args = parser.parse_args(argv)
+
+    from config import load_or_exit
+
+    config = load_or_exit(args.config)
+    try:
+        snapshot = gather(config, kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
+    except Exception as exc:  # noqa: BLE001 - any client/config error means we could not look
+        print(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
+              "  fix: aws eks update-kubeconfig --name <cluster.name> --region <region>, or pass --kubeconfig",
+              file=sys.stderr)
+        return 2
+    rows = evaluate(config, **snapshot)
+    print(render(rows))
+    return 1 if failed(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
