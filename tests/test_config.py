@@ -327,3 +327,12 @@ def test_readme_reference_table_is_current():
     current = table_in(REPO / "README.md")
     assert current is not None, "README.md lacks the field reference markers"
     assert current == reference_table(), "stale: run `python -m config reference --write README.md`"
+
+
+@pytest.mark.parametrize("path", [REPO / "config" / "cluster.yaml", *EXAMPLE_FILES], ids=lambda p: p.stem)
+def test_every_field_in_shipped_files_is_commented(path):
+    import re
+
+    bare = [line for line in path.read_text().splitlines()
+            if re.match(r"^\s*(- )?[a-z_]+:\s*\S", line) and "#" not in line]
+    assert bare == [], f"{path.name}: comment these fields: {bare}"
