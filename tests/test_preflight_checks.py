@@ -19,34 +19,23 @@ from workloads.preflight.checks import (
     check_memlock,
     check_shm,
     expectation,
+    node_name,
     parse_fi_info,
+    parse_hugetlb_limit,
+    read_hugetlb_limit,
     run_checks,
 )
 
-# `fi_info -p efa` on a g6.12xlarge with libfabric 2.x: the efa-direct and efa RDM fabrics, plus DGRAM.
-FI_INFO_EFA = """\
-provider: efa
-    fabric: efa-direct
-    domain: rdmap0s26-rdm
-    version: 201.0
-    type: FI_EP_RDM
-    protocol: FI_PROTO_EFA
-provider: efa
-    fabric: efa
-    domain: rdmap0s26-rdm
-    version: 201.0
-    type: FI_EP_RDM
-    protocol: FI_PROTO_EFA
-provider: efa
-    fabric: efa
-    domain: rdmap0s26-dgrm
-    version: 201.0
-    type: FI_EP_DGRAM
-    protocol: FI_PROTO_EFA
-"""
 
-FI_INFO_DGRAM_ONLY = FI_INFO_EFA.split("provider: efa\n    fabric: efa\n    domain: rdmap0s26-dgrm")[1]
-FI_INFO_DGRAM_ONLY = "provider: efa\n    fabric: efa\n    domain: rdmap0s26-dgrm" + FI_INFO_DGRAM_ONLY
+def fi_info(*endpoints: tuple[str, str, str]) -> str:
+    """`fi_info -p efa` text with one block per (fabric, domain suffix, endpoint type)."""
+    return "".join(f"provider: efa\n    fabric: {fabric}\n    domain: rdmap0s26-{suffix}\n    version: 201.0\n"
+                   f"    type: {ep_type}\n    protocol: FI_PROTO_EFA\n" for fabric, suffix, ep_type in endpoints)
+
+
+# `fi_info -p efa` on a g6.12xlarge with libfabric 2.x: the efa-direct and efa RDM fabrics, plus DGRAM.
+FI_INFO_EFA = fi_info(("efa-direct", "rdm", "FI_EP_RDM"), ("efa", "rdm", "FI_EP_RDM"), ("efa", "dgrm", "FI_EP_DGRAM"))
+FI_INFO_DGRAM_ONLY = fi_info(("efa", "dgrm", "FI_EP_DGRAM"))
 
 MEMINFO = """\
 MemTotal:       195881088 kB
@@ -60,8 +49,10 @@ Hugepagesize:       2048 kB
 
 def test_parse_fi_info():
     entries = parse_fi_info(FI_INFO_EFA)
-    assert [(e["fabric"], e["type"]) for e in entries] == [
-        ("efa-direct", "FI_EP_RDM"), ("efa", "FI_EP_RDM"), ("efa", "FI_EP_DGRAM")]
+    assert [(e["fabric"], e["domain"], e["type"]) for e in entries] == [
+        ("efa-direct", "rdmap0s26-rdm", "FI_EP_RDM"), ("efa", "rdmap0s26-rdm", "FI_EP_RDM"),
+        ("efa", "rdmap0s26-dgrm", "FI_EP_DGRAM")]
+    assert FI_INFO_EFA.startswith("provider: efa\n    fabric: efa-direct\n")
 
 
 def test_fi_info_rdm_required():
@@ -100,13 +91,76 @@ def test_shm():
     assert "emptyDir" in check_shm(0, 1).fix
 
 
-def test_hugepages():
+def test_hugepages_node_figures():
     assert check_hugepages(MEMINFO.format(free=5120), EFA_HUGEPAGES_MIB_PER_POD).status == "PASS"
     short = check_hugepages(MEMINFO.format(free=100), EFA_HUGEPAGES_MIB_PER_POD)
     assert short.status == "FAIL" and "200 MiB" in short.detail and "hugepages-2Mi" in short.fix
+    assert "vm.nr_hugepages" in short.detail and "vm.nr_hugepages" in short.fix
     big_pages = MEMINFO.format(free=5120).replace("2048 kB", "1048576 kB")
     assert "2048 kB" in check_hugepages(big_pages, 5120).detail
     assert check_hugepages("", 0).status == "SKIP"
+
+
+V2 = "/sys/fs/cgroup/hugetlb.2MB.max"
+V1 = "/sys/fs/cgroup/hugetlb/hugetlb.2MB.limit_in_bytes"
+
+
+# node_free and usable in MiB; the limit is the cgroup file's text (bytes or "max").
+@pytest.mark.parametrize(("limit", "path", "node_free", "status", "usable"), [
+    # A pod that requested no hugepages-2Mi: kubelet sets its limit to 0 while the node has 10 GiB free.
+    ("0", V2, 10240, "FAIL", 0),
+    ("0", V1, 10240, "FAIL", 0),
+    # Requested 5Gi, as the charts do for nccl.transport: efa.
+    (str(5 * 2**30), V2, 10240, "PASS", 5120),
+    (str(5 * 2**30), V1, 10240, "PASS", 5120),
+    # A smaller request than needed.
+    (str(2**30), V2, 10240, "FAIL", 1024),
+    # Unlimited cgroup (v2 "max", v1's default near 2^63): the node's free pages decide.
+    ("max", V2, 10240, "PASS", 10240),
+    ("9223372036854771712", V1, 10240, "PASS", 10240),
+    ("max", V2, 200, "FAIL", 200),
+    # The pod may use 5 GiB, but the node has only 200 MiB free: min() of the two.
+    (str(5 * 2**30), V2, 200, "FAIL", 200),
+])
+def test_hugepages_pod_cgroup_limit(limit, path, node_free, status, usable):
+    result = check_hugepages(MEMINFO.format(free=node_free // 2), EFA_HUGEPAGES_MIB_PER_POD, cgroup_limit=limit + "\n",
+                             cgroup_file=path)
+    assert result.status == status, result
+    assert path in result.detail
+    if status == "PASS":
+        assert f"{usable} MiB usable" in result.detail
+    else:
+        assert f"need {EFA_HUGEPAGES_MIB_PER_POD} MiB" in result.detail
+        assert "hugepages-2Mi: 5120Mi" in result.fix and "nccl.transport: efa" in result.fix
+        assert "vm.nr_hugepages" in result.fix and "user data" in result.fix
+        if limit == "0" or limit == str(2**30):
+            assert f"the pod may use {usable} MiB" in result.detail and "no hugepages-2Mi request" in result.detail
+        else:
+            assert f"the node has {usable} MiB" in result.detail
+
+
+def test_parse_hugetlb_limit():
+    assert parse_hugetlb_limit("max\n") is None
+    assert parse_hugetlb_limit("9223372036854771712") is None
+    assert parse_hugetlb_limit(None) is None
+    assert parse_hugetlb_limit("0\n") == 0
+    assert parse_hugetlb_limit("5368709120") == 5 * 2**30
+
+
+def test_read_hugetlb_limit_first_readable_file(tmp_path):
+    v2, v1 = tmp_path / "hugetlb.2MB.max", tmp_path / "hugetlb.2MB.limit_in_bytes"
+    v1.write_text("0\n")
+    assert read_hugetlb_limit((str(v2), str(v1))) == ("0", str(v1))
+    v2.write_text("max\n")
+    assert read_hugetlb_limit((str(v2), str(v1))) == ("max", str(v2))
+    assert read_hugetlb_limit((str(tmp_path / "absent"),)) == (None, "")
+
+
+def test_node_name_from_downward_api(monkeypatch):
+    monkeypatch.setenv("K8S_NODE_NAME", "ip-10-0-1-23.ec2.internal")
+    assert node_name("finetune-gpu-worker-1") == "ip-10-0-1-23.ec2.internal"
+    monkeypatch.delenv("K8S_NODE_NAME")
+    assert node_name("laptop") == "laptop"
 
 
 def test_memlock():
@@ -150,11 +204,13 @@ def test_run_checks_healthy_g6_worker(tmp_path, efa):
     config = load_variant(tmp_path)
     facts = WorkerFacts(host="ray-gpu-worker-0", visible_gpus=4, uverbs=["/dev/infiniband/uverbs0"],
                         fi_info=FI_INFO_EFA, shm_total_bytes=64 * 2**30, meminfo=MEMINFO.format(free=5120),
-                        memlock_soft=resource.RLIM_INFINITY, device_rdma_env=None)
+                        hugetlb_limit=str(5 * 2**30), hugetlb_file=V2, memlock_soft=resource.RLIM_INFINITY,
+                        device_rdma_env=None)
     results = run_checks(facts, expectation(config, local=False, efa=efa), local=False)
     assert all(r.ok for r in results), [r for r in results if not r.ok]
     assert len(results) == 9
-    broken = WorkerFacts(**{**facts.__dict__, "uverbs": [], "device_rdma_env": "1"})
+    # The node has free huge pages, but this pod requested none: its hugetlb cgroup limit is 0.
+    broken = WorkerFacts(**{**facts.__dict__, "uverbs": [], "device_rdma_env": "1", "hugetlb_limit": "0"})
     failed = {r.name for r in run_checks(broken, expectation(config, local=False, efa=efa), local=False)
               if not r.ok}
-    assert failed == ({"efa-devices", "device-rdma-env"} if efa else {"device-rdma-env"})
+    assert failed == ({"efa-devices", "device-rdma-env", "hugepages-2Mi"} if efa else {"device-rdma-env"})

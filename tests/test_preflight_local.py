@@ -32,6 +32,9 @@ def test_local_probe_passes_with_figures(local_ray, capsys):
     assert report["ok"] and report["local"] and report["backend"] == "gloo"
     assert report["world_size"] == 2 and [w["rank"] for w in report["workers"]] == [0, 1]
     assert report["network"] is None and report["failures"] == []
+    # Locally there is no K8S_NODE_NAME: the hostname stands in, and both workers share it.
+    assert {w["node"] for w in report["workers"]} == {w["host"] for w in report["workers"]}
+    assert report["hosts"] == 1
     probe = report["probe"]
     assert [(r["op"], r["size_bytes"]) for r in probe] == [
         (op, size) for size in (MIB, 2 * MIB, 4 * MIB) for op in ("all_reduce", "all_gather")]

@@ -105,16 +105,45 @@ def test_report_failure_lists_rank_and_fix():
     assert not parse_preflight_marker(report.marker_line())["ok"]
 
 
+def test_two_pods_on_one_node_are_one_host_for_the_floor(tmp_path):
+    """Distinct nodes (K8S_NODE_NAME), not pod hostnames, decide whether the network was crossed."""
+    report = _report([passed("memlock", "unlimited")])
+    report.workers = [WorkerReport(rank=r, host=f"finetune-gpu-worker-{r}", node="ip-10-0-1-23", checks=[])
+                      for r in range(2)]
+    assert report.hosts == 1
+    assert check_floor(_rows(0.1), floor=1.25, hosts=report.hosts, expect="efa").status == "SKIP"
+    report.workers[1].node = "ip-10-0-1-57"
+    assert report.hosts == 2
+    # Without a node name (local runs), the hostname stands in.
+    report.workers = [WorkerReport(rank=r, host=f"h{r}", checks=[]) for r in range(2)]
+    assert report.hosts == 2
+    assert [w["node"] for w in json.loads(report.to_json())["workers"]] == ["h0", "h1"]
+
+    from tests.helpers import load_variant
+    from workloads.preflight.runner import assemble_report
+
+    config = load_variant(tmp_path)
+    efa_lines = ["h:7:9 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 1 nics)",
+                 "h:7:9 [0] NCCL INFO Using network Libfabric"]
+    payload = _payload([efa_lines, efa_lines], _rows(0.6), node="ip-10-0-1-23")
+    report = PreflightReport(local=False, expect_transport="efa", world_size=2, backend="nccl")
+    assemble_report(report, payload, config=config, efa=True, local=False)
+    assert report.hosts == 1 and report.ok
+    floor = next(c for c in report.cluster_checks if c.name == "busbw-floor")
+    assert floor.status == "SKIP" and "single node" in floor.detail
+    assert "1 node(s)" in report.render()
+
+
 def test_report_missing_workers_is_not_ok():
     report = _report([passed("memlock", "unlimited")])
     report.world_size = 8
     assert not report.ok
 
 
-def _payload(lines_per_rank, rows):
+def _payload(lines_per_rank, rows, node: str = ""):
     from workloads.preflight.checks import WorkerFacts, facts_dict
 
-    workers = [{"rank": r, "facts": facts_dict(WorkerFacts(host=f"ray-gpu-worker-{r}", visible_gpus=4)),
+    workers = [{"rank": r, "facts": facts_dict(WorkerFacts(host=f"ray-gpu-worker-{r}", node=node, visible_gpus=4)),
                 "checks": [passed("gpus", "4 visible")]} for r in range(2)]
     logs = [{"rank": r, "nccl": lines, "note": ""} for r, lines in enumerate(lines_per_rank)]
     return {"workers": workers, "logs": logs, "rows": rows, "note": ""}

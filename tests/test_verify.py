@@ -213,3 +213,75 @@ current-context: x
     assert "cannot read the cluster" in capsys.readouterr().err
 
 
+
+def test_iter_lines_across_chunks_and_bounded():
+    chunks = [b"first li", b"ne\nsec", b"ond\n", b"x" * 50, b"y" * 50, b"\nafter long\nno newline at end"]
+    assert list(verify.iter_lines(chunks, max_line=64)) == [
+        "first line", "second", "x" * 50 + "y" * 14, "after long", "no newline at end"]
+    assert list(verify.iter_lines(["a\n", "b"])) == ["a", "b"]
+
+
+class FakeResponse:
+    """What read_namespaced_pod_log(..., _preload_content=False) returns: a urllib3 response to stream."""
+
+    def __init__(self, text: str):
+        self.data = text.encode()
+        self.released = False
+        self.largest_chunk = 0
+
+    def stream(self, amt):
+        for at in range(0, len(self.data), amt):
+            chunk = self.data[at:at + amt]
+            self.largest_chunk = max(self.largest_chunk, len(chunk))
+            yield chunk
+
+    def release_conn(self):
+        self.released = True
+
+
+class FakeCore:
+    """CoreV1Api's two calls that `submitter_marker` makes, over fixed log texts per pod."""
+
+    def __init__(self, logs: dict[str, str]):
+        self.logs = logs
+        self.calls = []
+        self.responses = []
+
+    def list_namespaced_pod(self, namespace, label_selector=None):
+        pods = [V1Pod(metadata=V1ObjectMeta(name=name, creation_timestamp=f"2026-12-01T10:0{i}:00Z"))
+                for i, name in enumerate(self.logs)]
+        return type("PodList", (), {"items": list(reversed(pods))})()
+
+    def read_namespaced_pod_log(self, name, namespace, **kwargs):
+        self.calls.append((name, kwargs))
+        self.responses.append(FakeResponse(self.logs[name]))
+        return self.responses[-1]
+
+
+def nccl_flood(lines: int) -> str:
+    return "".join(f"finetune-gpu-worker-{i % 2}:312:{400 + i % 8} [{i % 4}] NCCL INFO Channel {i % 32:02d}/0 : "
+                   f"0[0] -> 1[1] via P2P/CUMEM\n" for i in range(lines))
+
+
+def test_marker_found_after_a_long_nccl_flood(tmp_path):
+    """Training's NCCL INFO output after the preflight pushes the marker far beyond any tail window."""
+    config = load_variant(tmp_path)
+    log = "2026-12-01 10:01:02 INFO starting\n" + MARKER_FAIL + "\n" + nccl_flood(60_000) + "step 10 loss 1.2\n"
+    core = FakeCore({"finetune-abcde": log})
+    line = verify.submitter_marker(core, "ray", "finetune")
+    assert line == MARKER_FAIL
+    (name, kwargs), = core.calls
+    assert name == "finetune-abcde" and "tail_lines" not in kwargs and kwargs["_preload_content"] is False
+    assert core.responses[0].released and core.responses[0].largest_chunk <= 64 * 1024 < len(log)
+    snap = healthy(config)
+    snap["job_logs"] = line
+    row = next(r for r in verify.evaluate(config, **snap) if r.name == "last preflight")
+    assert row.status == "FAIL" and "NET/Socket" in row.detail
+
+
+def test_marker_from_latest_submitter_and_missing():
+    # A retried submitter: the later pod's result wins, whatever order the API lists them in.
+    core = FakeCore({"finetune-1": MARKER_FAIL + "\n" + nccl_flood(10), "finetune-2": MARKER_OK + "\n"})
+    assert verify.submitter_marker(core, "ray", "finetune") == MARKER_OK
+    assert verify.submitter_marker(FakeCore({"finetune-1": nccl_flood(10)}), "ray", "finetune") == ""
+    assert verify.submitter_marker(FakeCore({}), "ray", "finetune") is None

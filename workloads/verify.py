@@ -11,7 +11,8 @@ server; `gather()` is the only code that talks to the cluster (current kubeconfi
   EFA) and the KubeRay operator Deployment (name contains `kuberay-operator`), in any namespace,
   exist with more than zero desired pods, all ready;
 * the Ray head and all worker pods (labels `ray.io/node-type`) in `ray.namespace` are ready;
-* the latest RayJob's preflight result: the `PREFLIGHT_RESULT {...}` line in its submitter's logs.
+* the latest RayJob's preflight result: the last `PREFLIGHT_RESULT {...}` line in its submitter's
+  logs, streamed whole (training's NCCL INFO output follows it, so a tail window would miss it).
 
 Exit status: 0 when nothing failed (warnings and skips allowed), 1 on any failure, 2 when the
 cluster cannot be reached.
@@ -22,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
+from workloads.preflight.checks import EFA_RESOURCE as EFA
+from workloads.preflight.checks import GPU_RESOURCE as GPU
+from workloads.preflight.report import MARKER, table
 
-GPU = "nvidia.com/gpu"
-EFA = "vpc.amazonaws.com/efa"
-MARKER = "PREFLIGHT_RESULT"
 NODE_TYPE_LABEL = "ray.io/node-type"
 CLUSTER_LABEL = "ray.io/cluster"
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
@@ -216,10 +218,10 @@ def latest_rayjob(rayjobs: list[dict]) -> dict | None:
     return max(rayjobs, key=lambda j: (j.get("metadata") or {}).get("creationTimestamp") or "", default=None)
 
 
-def parse_preflight_marker(logs: str) -> dict | None:
-    """The last `PREFLIGHT_RESULT {...}` JSON in a job's logs, or None."""
+def parse_preflight_marker(logs: str | Iterable[str]) -> dict | None:
+    """The last `PREFLIGHT_RESULT {...}` JSON in a job's logs (text, or lines streamed one at a time), or None."""
     found = None
-    for line in logs.splitlines():
+    for line in logs.splitlines() if isinstance(logs, str) else logs:
         at = line.find(MARKER + " ")
         if at < 0:
             continue
@@ -228,6 +230,69 @@ def parse_preflight_marker(logs: str) -> dict | None:
         except json.JSONDecodeError:
             continue
     return found
+
+
+MAX_LINE = 1 << 20
+"""Longest log line kept whole when streaming (a marker line is a few hundred bytes)."""
+
+
+def iter_lines(chunks: Iterable[bytes | str], max_line: int = MAX_LINE) -> Iterator[str]:
+    """Lines from a stream of chunks, holding at most one line (cut at `max_line`) in memory."""
+    buffer = b""
+    dropping = False
+    for chunk in chunks:
+        buffer += chunk.encode() if isinstance(chunk, str) else chunk
+        *whole, buffer = buffer.split(b"\n")
+        for raw in whole:
+            if dropping:  # the tail of an over-long line already yielded
+                dropping = False
+                continue
+            yield raw.decode("utf-8", "replace")
+        if len(buffer) > max_line:
+            if not dropping:
+                yield buffer[:max_line].decode("utf-8", "replace")
+            buffer, dropping = b"", True
+    if buffer and not dropping:
+        yield buffer.decode("utf-8", "replace")
+
+
+def last_marker_line(lines: Iterable[str]) -> str | None:
+    """The last line carrying a parseable `PREFLIGHT_RESULT` marker, keeping only that line."""
+    found = None
+    for line in lines:
+        if MARKER in line and parse_preflight_marker([line]) is not None:
+            found = line
+    return found
+
+
+def submitter_marker(core, namespace: str, job_name: str) -> str | None:
+    """Stream the whole log of the RayJob's submitter pod(s) and return the last marker line.
+
+    The submitter follows the driver's output, and training floods it with NCCL INFO lines from
+    every rank after the preflight, so no tail limit: every line is scanned, one at a time.
+    Returns the marker line, "" when logs were read but carry no marker, None when none could be read.
+    """
+    from kubernetes.client.rest import ApiException
+
+    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
+    # Oldest first, so a retried submitter's later result wins.
+    pods = sorted(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
+    found, read_any = None, False
+    for pod in pods:
+        try:
+            response = core.read_namespaced_pod_log(pod.metadata.name, namespace, _preload_content=False,
+                                                    _request_timeout=300)
+        except ApiException:
+            continue
+        read_any = True
+        try:
+            line = last_marker_line(iter_lines(response.stream(64 * 1024)))
+        finally:
+            response.release_conn()
+        found = line or found
+    if found is not None:
+        return found
+    return "" if read_any else None
 
 
 def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
@@ -257,7 +322,10 @@ def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
 
 def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: list, rayjobs: list[dict],
              job_logs: str | None) -> list[Row]:
-    """Every verification row for one snapshot of the cluster."""
+    """Every verification row for one snapshot of the cluster.
+
+    `job_logs`: log text holding the marker (`gather` passes just the last marker line, "" when the
+    logs had none, None when they could not be read)."""
     job = latest_rayjob(rayjobs)
     return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config)
             + check_ray_pods(pods, config, job) + [check_preflight(job, job_logs, config)])
@@ -270,14 +338,7 @@ def failed(rows: list[Row]) -> bool:
 
 def render(rows: list[Row]) -> str:
     """The rows as a table, then each failure's fix."""
-    header = ("section", "check", "status", "detail")
-    cells = [header] + [(r.section, r.name, r.status, r.detail) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(3)]
-    lines = []
-    for j, c in enumerate(cells):
-        lines.append("  " + "  ".join(c[i].ljust(widths[i]) for i in range(3)) + "  " + c[3])
-        if j == 0:
-            lines.append("  " + "  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    lines = table(("section", "check", "status", "detail"), [(r.section, r.name, r.status, r.detail) for r in rows])
     fails = [r for r in rows if r.status == "FAIL"]
     lines.append("")
     lines.append(f"verify: {'FAIL' if fails else 'PASS'} ({len(fails)} failure(s))")
@@ -303,18 +364,9 @@ def gather(config, *, kubeconfig: str | None = None, context: str | None = None,
         if exc.status != 404:
             raise
         rayjobs = []
-    logs = None
     job = latest_rayjob(rayjobs)
-    if job is not None:
-        # KubeRay's submitter is a batch Job named after the RayJob; it tails the driver's output.
-        submitters = core.list_namespaced_pod(ns, label_selector=f"job-name={job['metadata']['name']}").items
-        texts = []
-        for pod in submitters:
-            try:
-                texts.append(core.read_namespaced_pod_log(pod.metadata.name, ns, tail_lines=5000))
-            except ApiException:
-                continue
-        logs = "\n".join(texts) if texts else None
+    # KubeRay's submitter is a batch Job named after the RayJob; it follows the driver's output.
+    logs = submitter_marker(core, ns, job["metadata"]["name"]) if job is not None else None
     return {
         "nodes": core.list_node().items,
         "daemonsets": apps.list_daemon_set_for_all_namespaces().items,

@@ -19,8 +19,17 @@ from dataclasses import asdict, dataclass, field
 
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL
 
+# config/k8s.py holds node labels and taints but not the extended resource names; these are the one
+# definition (workloads.verify imports them).
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPU_RESOURCE = "nvidia.com/gpu"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+# The pod's hugetlb cgroup limit for 2 MiB pages (bytes, or "max"): kubelet sets it from the
+# container's hugepages-2Mi limit, and to 0 when the pod requests none, whatever the node has free.
+HUGETLB_FILES = (
+    "/sys/fs/cgroup/hugetlb.2MB.max",  # cgroup v2
+    "/sys/fs/cgroup/hugetlb/hugetlb.2MB.limit_in_bytes",  # cgroup v1
+)
 UVERBS_GLOB = "/dev/infiniband/uverbs*"
 LIBFABRIC = "libfabric.so.1"
 # The EFA installer's prefix; used when the image does not put it on PATH / LD_LIBRARY_PATH.
@@ -105,8 +114,13 @@ class WorkerFacts:
     plugin_paths: list[str] = field(default_factory=list)
     plugin_error: str | None = None
     """None when an aws-ofi-nccl plugin loaded, else why not."""
+    node: str = ""
+    """The Kubernetes node (env K8S_NODE_NAME from the Downward API), else the hostname."""
     shm_total_bytes: int = 0
     meminfo: str = ""
+    hugetlb_limit: str | None = None
+    """Text of the first of `HUGETLB_FILES` that exists (None: no hugetlb cgroup controller visible)."""
+    hugetlb_file: str = ""
     memlock_soft: int = 0
     device_rdma_env: str | None = None
 
@@ -209,21 +223,52 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def check_hugepages(meminfo: str, required_mib: int) -> CheckResult:
-    """Enough free 2 MiB huge pages for libfabric's EFA bounce buffers."""
+def parse_hugetlb_limit(text: str | None) -> int | None:
+    """The hugetlb cgroup limit in bytes; None when unlimited ("max" in v2, or v1's near-2^63 default)."""
+    if text is None:
+        return None
+    value = text.strip()
+    if value == "max" or not value.isdigit():
+        return None
+    number = int(value)
+    return None if number >= 1 << 62 else number
+
+
+def check_hugepages(meminfo: str, required_mib: int, *, cgroup_limit: str | None = None,
+                    cgroup_file: str = "") -> CheckResult:
+    """Enough 2 MiB huge pages for libfabric's EFA bounce buffers, as this pod can use them.
+
+    Usable = min(the pod's hugetlb cgroup limit, the node's free pages): `/proc/meminfo` is node-wide,
+    so a pod without a `hugepages-2Mi` request sees the node's free pages but its cgroup limit is 0
+    and libfabric's mmap fails. `cgroup_limit` is the text of `cgroup_file` (None: not readable, the
+    node figure alone decides).
+    """
     name = "hugepages-2Mi"
     if required_mib <= 0:
         return skipped(name, "not needed without EFA")
     info = parse_meminfo(meminfo)
     size_kb = info.get("Hugepagesize", 0)
-    free_mib = info.get("HugePages_Free", 0) * size_kb // 1024
-    fix = ("reserve huge pages on the node (vm.nr_hugepages in the node group's launch template user data) and "
-           "request hugepages-2Mi in the worker pod (resources.limits, derived from nccl.transport: efa)")
+    node_free_mib = info.get("HugePages_Free", 0) * size_kb // 1024
+    limit = parse_hugetlb_limit(cgroup_limit)
+    fix = (f"request {HUGEPAGES_RESOURCE}: {required_mib}Mi in the worker pod's resources.limits (the charts set it "
+           "when nccl.transport: efa; regenerate the manifests) and reserve the pages on the node with "
+           "vm.nr_hugepages (set by the node group's launch template user data)")
     if size_kb != 2048:
         return failed(name, f"huge page size is {size_kb} kB, libfabric's EFA provider uses 2048 kB pages", fix)
-    if free_mib >= required_mib:
-        return passed(name, f"{free_mib} MiB free (need {required_mib} MiB)")
-    return failed(name, f"{free_mib} MiB of 2 MiB huge pages free, need {required_mib} MiB", fix)
+    if cgroup_limit is None:
+        where = f"node {node_free_mib} MiB free (no hugetlb cgroup limit readable)"
+        usable = node_free_mib
+    else:
+        limit_text = "unlimited" if limit is None else f"{limit // 2**20} MiB"
+        where = f"pod limit {limit_text} ({cgroup_file or 'hugetlb cgroup'}), node {node_free_mib} MiB free"
+        usable = node_free_mib if limit is None else min(limit // 2**20, node_free_mib)
+    if usable >= required_mib:
+        return passed(name, f"{usable} MiB usable: {where} (need {required_mib} MiB)")
+    if limit is not None and limit // 2**20 < required_mib:
+        cause = f"the pod may use {limit // 2**20} MiB of 2 MiB huge pages (no {HUGEPAGES_RESOURCE} request?)"
+    else:
+        cause = f"the node has {node_free_mib} MiB of 2 MiB huge pages free (vm.nr_hugepages too low or in use)"
+    return failed(name, f"{cause}, need {required_mib} MiB: {where}", fix)
 
 
 def check_memlock(soft_limit: int, *, efa: bool) -> CheckResult:
@@ -264,7 +309,8 @@ def run_checks(facts: WorkerFacts, expect: Expectation, *, local: bool) -> list[
                       fix="use an image with aws-ofi-nccl (libnccl-net-ofi.so under /opt/amazon/ofi-nccl/lib) on "
                           "LD_LIBRARY_PATH; without it NCCL falls back to TCP sockets"),
         check_shm(facts.shm_total_bytes, expect.shm_gib),
-        check_hugepages(facts.meminfo, expect.hugepages_mib),
+        check_hugepages(facts.meminfo, expect.hugepages_mib, cgroup_limit=facts.hugetlb_limit,
+                        cgroup_file=facts.hugetlb_file),
         check_memlock(facts.memlock_soft, efa=efa),
         check_device_rdma(facts.device_rdma_env, gpudirect_rdma=expect.gpudirect_rdma),
     ]
@@ -315,12 +361,29 @@ def find_plugins(extra_dirs: tuple[str, ...] = ()) -> list[str]:
     return found
 
 
+def node_name(hostname: str) -> str:
+    """The node this pod runs on: env K8S_NODE_NAME (the charts set it from spec.nodeName), else `hostname`."""
+    return os.environ.get("K8S_NODE_NAME") or hostname
+
+
+def read_hugetlb_limit(files: tuple[str, ...] = HUGETLB_FILES) -> tuple[str | None, str]:
+    """(text, path) of the first hugetlb 2 MiB limit file that can be read; (None, "") when none can."""
+    for path in files:
+        try:
+            with open(path) as fh:
+                return fh.read().strip(), path
+        except OSError:
+            continue
+    return None, ""
+
+
 def gather_facts(*, efa: bool) -> WorkerFacts:
     """Read this worker's system: GPUs, EFA devices, fi_info, libraries, /dev/shm, huge pages, memlock, env."""
     import torch
 
-    facts = WorkerFacts(host=socket.gethostname(), visible_gpus=torch.cuda.device_count() if torch.cuda.is_available()
-                        else 0)
+    host = socket.gethostname()
+    facts = WorkerFacts(host=host, node=node_name(host),
+                        visible_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
     facts.uverbs = sorted(glob.glob(UVERBS_GLOB))
     if efa:
         try:
@@ -349,6 +412,7 @@ def gather_facts(*, efa: bool) -> WorkerFacts:
             facts.meminfo = fh.read()
     except OSError:
         facts.meminfo = ""
+    facts.hugetlb_limit, facts.hugetlb_file = read_hugetlb_limit()
     facts.memlock_soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     facts.device_rdma_env = os.environ.get("FI_EFA_USE_DEVICE_RDMA")
     return facts

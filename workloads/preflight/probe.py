@@ -85,12 +85,13 @@ def floor_gbs(network_gbps: float) -> float:
 
 
 def check_floor(rows: list[BandwidthRow], *, floor: float | None, hosts: int, expect: str | None) -> CheckResult:
-    """With EFA expected across >= 2 hosts, all-reduce busbw at the largest size reaches the floor."""
+    """With EFA expected across >= 2 nodes (`hosts` counts distinct nodes), all-reduce busbw at the largest size
+    reaches the floor."""
     name = "busbw-floor"
     if expect != "efa" or floor is None:
         return skipped(name, "floor applies only when EFA is expected")
     if hosts < 2:
-        return skipped(name, f"single host ({hosts}): the network is not crossed")
+        return skipped(name, f"single node ({hosts}): the network is not crossed")
     reduce_rows = [r for r in rows if r.op == "all_reduce"]
     if not reduce_rows:
         return skipped(name, "no all-reduce measurement")
@@ -117,6 +118,8 @@ def run_collectives(size_list: list[int], *, device, warmup: int = 2, iters: int
 
     n = dist.get_world_size()
     cuda = device.type == "cuda"
+    # Newer torch (2.13 here) deprecates all_gather_into_tensor for all_gather_single; older images lack the latter.
+    gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     rows: list[BandwidthRow] = []
 
     def sync() -> None:
@@ -133,7 +136,7 @@ def run_collectives(size_list: list[int], *, device, warmup: int = 2, iters: int
                 numel -= numel % n
                 shard = torch.ones(numel // n, dtype=torch.float32, device=device)
                 out = torch.empty(numel, dtype=torch.float32, device=device)
-                call = lambda out=out, shard=shard: dist.all_gather_into_tensor(out, shard)  # noqa: E731
+                call = lambda out=out, shard=shard: gather_into(out, shard)  # noqa: E731
             for _ in range(warmup):
                 call()
             sync()

@@ -20,6 +20,8 @@ class WorkerReport:
 
     rank: int
     host: str
+    node: str = ""
+    """The Kubernetes node (K8S_NODE_NAME), or the hostname where that is unset (local runs)."""
     checks: list[CheckResult]
     nccl: NcclNetwork | None = None
 
@@ -45,8 +47,8 @@ class PreflightReport:
 
     @property
     def hosts(self) -> int:
-        """Distinct hosts (pods) the workers ran on."""
-        return len({w.host for w in self.workers})
+        """Distinct nodes the workers ran on: two pods on one node do not cross the network, so they count once."""
+        return len({w.node or w.host for w in self.workers})
 
     @property
     def failures(self) -> list[tuple[str, CheckResult]]:
@@ -98,8 +100,8 @@ class PreflightReport:
             "floor_gbs": self.floor_gbs,
             "error": self.error,
             "workers": [
-                {"rank": w.rank, "host": w.host, "checks": [_check_dict(c) for c in w.checks],
-                 "nccl": w.nccl.to_dict() if w.nccl else None}
+                {"rank": w.rank, "host": w.host, "node": w.node or w.host,
+                 "checks": [_check_dict(c) for c in w.checks], "nccl": w.nccl.to_dict() if w.nccl else None}
                 for w in self.workers
             ],
             "cluster_checks": [_check_dict(c) for c in self.cluster_checks],
@@ -121,14 +123,14 @@ class PreflightReport:
         where = "local" if self.local else "cluster"
         lines = [
             f"Preflight: {'PASS' if self.ok else 'FAIL'}  ({where}, world size {self.world_size}, "
-            f"{self.hosts} host(s), backend {self.backend}, transport expected: {self.expect_transport or 'any'})",
+            f"{self.hosts} node(s), backend {self.backend}, transport expected: {self.expect_transport or 'any'})",
             f"NCCL network: {self.network_summary()}",
         ]
         if self.error:
             lines.append(f"Error: {self.error}")
         rows = [(w, c.name, c.status, _short(c.detail)) for w, c in _grouped(self.workers)]
         rows += [("all", c.name, c.status, _short(c.detail)) for c in self.cluster_checks]
-        lines += ["", "Checks"] + _table(("where", "check", "status", "detail"), rows)
+        lines += ["", "Checks"] + table(("where", "check", "status", "detail"), rows)
         if self.failures:
             lines += ["", "Failures (what is wrong -> fix)"]
             for where_, check in self.failures:
@@ -137,7 +139,7 @@ class PreflightReport:
                     lines.append(f"      fix: {check.fix}")
         lines += ["", "Collective probe" + (f" ({self.probe_note})" if self.probe_note else "")]
         if self.probe:
-            lines += _table(
+            lines += table(
                 ("op", "size", "time (us)", "algbw (GB/s)", "busbw (GB/s)"),
                 [(r.op, _size(r.size_bytes), f"{r.time_us:.1f}", f"{r.algbw_gbs:.3f}", f"{r.busbw_gbs:.3f}")
                  for r in self.probe],
@@ -145,7 +147,7 @@ class PreflightReport:
             )
             if self.floor_gbs is not None:
                 lines.append(f"  floor: all_reduce busbw >= {self.floor_gbs:.2f} GB/s at the largest size "
-                             "(EFA, >= 2 hosts, >= 64 MiB)")
+                             "(EFA, >= 2 nodes, >= 64 MiB)")
         else:
             lines.append("  (no measurements)")
         return "\n".join(lines)
@@ -193,7 +195,8 @@ def _size(n: int) -> str:
     return f"{n / MIB:g} MiB" if n < 1024 * MIB else f"{n / (1024 * MIB):g} GiB"
 
 
-def _table(header: tuple[str, ...], rows: list[tuple], right: tuple[int, ...] = ()) -> list[str]:
+def table(header: tuple[str, ...], rows: list[tuple], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows under a header and a dashed rule, columns padded (`right`: right-aligned column indexes), indented."""
     cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in row) for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     out = []

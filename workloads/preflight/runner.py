@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+from workloads.fsdp_finetune.launch import LOCAL_WORKERS, start_local_ray
 from workloads.preflight.checks import (
     CheckResult,
     Expectation,
@@ -33,7 +34,6 @@ from workloads.preflight.probe import sizes as doubling_sizes
 from workloads.preflight.report import PreflightReport, WorkerReport
 
 NCCL_LOG_PREFIX = "/tmp/nccl-preflight"
-LOCAL_WORKERS = 2
 # Lines of the NCCL log that matter for the network decision; the rest stays on the worker.
 _KEEP = ("NET/", "Using network", "NCCL version", "register", "fi_mr_reg", "ibv_reg_mr", "MEMLOCK", "fi_getinfo",
          "Failed to initialize")
@@ -70,8 +70,15 @@ def _worker_loop(cfg: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     nccl = dist.get_backend() == "nccl"
     if nccl:
-        # NCCL reads its env when the first communicator is created, which torch defers to the
-        # first collective, so this still takes effect; the file is how we learn which network it chose.
+        # Setting NCCL_* here, after init_process_group, still takes effect. Checked against torch 2.13:
+        # Ray Train calls dist.init_process_group without device_id, so ProcessGroupNCCL initialises
+        # lazily (distributed_c10d.init_process_group's device_id doc: bound device -> "ncclCommInit*
+        # immediately rather than the normal lazy call"; ProcessGroupNCCL.hpp: eagerInit_ false,
+        # getNCCLComm/initNCCLComm on first use). The gloo group below touches no NCCL, so the first NCCL
+        # call that reads env (ncclGetUniqueId/ncclCommInitRank; NCCL's debug.cc reads NCCL_DEBUG and
+        # NCCL_DEBUG_FILE lazily, on its first log line) comes with the first collective in the probe.
+        # An image or launcher that binds device_id would break this: set these in the pod env instead.
+        # The file is how we learn which network NCCL chose.
         os.environ["NCCL_DEBUG"] = "INFO"
         os.environ["NCCL_DEBUG_SUBSYS"] = "INIT,NET,ENV"
         os.environ["NCCL_DEBUG_FILE"] = f"{NCCL_LOG_PREFIX}.%h.%p.log"
@@ -146,7 +153,7 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None, s
     size_list = sorted(sizes) if sizes else _default_sizes(local, max_size)
     if not ray.is_initialized():
         if local:
-            ray.init(num_cpus=LOCAL_WORKERS, include_dashboard=False, log_to_driver=False)
+            start_local_ray()
         else:
             ray.init()
     scaling = (ScalingConfig(num_workers=world, use_gpu=False, resources_per_worker={"CPU": 1}) if local else
@@ -184,7 +191,8 @@ def assemble_report(report: PreflightReport, payload: dict, *, config, efa: bool
     for entry in sorted(payload["workers"], key=lambda w: w["rank"]):
         facts = WorkerFacts(**{k: v for k, v in entry["facts"].items()})
         nccl_lines = logs.get(entry["rank"], {}).get("nccl")
-        report.workers.append(WorkerReport(rank=entry["rank"], host=facts.host, checks=list(entry["checks"]),
+        report.workers.append(WorkerReport(rank=entry["rank"], host=facts.host, node=facts.node,
+                                           checks=list(entry["checks"]),
                                            nccl=parse_nccl_log("\n".join(nccl_lines)) if nccl_lines is not None
                                            else None))
     all_lines = [line for entry in payload["logs"] if entry.get("nccl") for line in entry["nccl"]]
