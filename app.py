@@ -7,11 +7,9 @@ cdk-nag's AwsSolutions checks.
 
 from __future__ import annotations
 
-import sys
-
 import aws_cdk as cdk
 
-from config import ConfigError, load_or_exit, resolve_path
+from config import load_or_exit
 from stacks import build
 
 
@@ -20,11 +18,7 @@ def main() -> None:
     app = cdk.App()
     path = app.node.try_get_context("config")
     config = load_or_exit(path)
-    try:
-        build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
-    except ConfigError as exc:
-        print(ConfigError(resolve_path(path), exc.problems), file=sys.stderr)
-        raise SystemExit(2) from None
+    build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
     app.synth()
 
 

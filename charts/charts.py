@@ -27,12 +27,6 @@ BASE_CHART = "ray-base"
 CLUSTER_CHART = "ray-cluster"
 JOB_CHART = "ray-job"
 
-_TAINT_EFFECTS = {
-    "NoSchedule": kplus.TaintEffect.NO_SCHEDULE,
-    "PreferNoSchedule": kplus.TaintEffect.PREFER_NO_SCHEDULE,
-    "NoExecute": kplus.TaintEffect.NO_EXECUTE,
-}
-
 
 @dataclass(frozen=True, kw_only=True)
 class Inputs:
@@ -99,7 +93,7 @@ class ImagePrepull(Construct):
             termination_grace_period=cdk8s.Duration.seconds(2),
         )
         self.daemon_set.scheduling.tolerate(kplus.Node.tainted(kplus.NodeTaintQuery.is_(
-            GPU_TAINT.key, GPU_TAINT.value, effect=_TAINT_EFFECTS[GPU_TAINT.effect])))
+            GPU_TAINT.key, GPU_TAINT.value, effect=kplus.TaintEffect[GPU_TAINT.cfn_effect])))
         cdk8s.ApiObject.of(self.daemon_set).add_json_patch(
             cdk8s.JsonPatch.add("/spec/template/spec/nodeSelector", prepull_node_selector(config)))
 

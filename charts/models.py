@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from cdk8s import ApiObject, ApiObjectMetadata, JsonPatch
 from constructs import Construct
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 RAY_API_VERSION = "ray.io/v1"
@@ -35,11 +35,30 @@ class K8sModel(BaseModel):
 # ---- core/v1 pod pieces -------------------------------------------------------------------
 
 
+class ObjectFieldSelector(K8sModel):
+    """A field of the pod itself (Downward API), e.g. `spec.nodeName`."""
+
+    field_path: str
+
+
+class EnvVarSource(K8sModel):
+    """Where an environment variable's value comes from when it is not a literal."""
+
+    field_ref: ObjectFieldSelector
+
+
 class EnvVar(K8sModel):
-    """A container environment variable with a literal value."""
+    """A container environment variable: a literal `value` or one read at start from `value_from`."""
 
     name: str
-    value: str
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env {self.name}: set exactly one of value and value_from")
+        return self
 
 
 class ResourceRequirements(K8sModel):
@@ -187,6 +206,7 @@ class WorkerGroupSpec(K8sModel):
     """One Ray worker group (a fixed number of identical pods)."""
 
     group_name: str
+    ray_start_params: dict[str, str]
     replicas: int = Field(ge=0)
     min_replicas: int = Field(ge=0)
     max_replicas: int = Field(ge=0)

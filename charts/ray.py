@@ -19,10 +19,12 @@ from charts.models import (
     ContainerPort,
     EmptyDirVolumeSource,
     EnvVar,
+    EnvVarSource,
     ExecAction,
     HeadGroupSpec,
     Lifecycle,
     LifecycleHandler,
+    ObjectFieldSelector,
     PodSpec,
     PodTemplateSpec,
     RayClusterSpec,
@@ -36,7 +38,7 @@ from charts.models import (
     WorkerGroupSpec,
 )
 from config.k8s import GPU_TAINT, system_node_labels, worker_pod_node_selector
-from config.model import ClusterConfig, WorkerGroup
+from config.model import ClusterConfig, PodResources, WorkerGroup
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 CODE_VOLUME = "code"
@@ -51,6 +53,14 @@ NCCL_SOCKET_IFNAME = "^lo,docker,pod-id-link0"
 OFI_NCCL_NET = "AWS Libfabric"
 # NCCL loads libnccl-net-<name>.so for NCCL_NET_PLUGIN=<name>; aws-ofi-nccl installs libnccl-net-ofi.so.
 OFI_NCCL_PLUGIN = "ofi"
+# Seconds between the Ray Train controller's polls of the worker group (Ray 2.58's default: 2.0).
+# Each poll is when reported metrics and checkpoints are taken in, a failed worker is noticed and
+# the end of the run is seen; and each worker's report queue holds one result, so a worker's next
+# `ray.train.report()` waits until the poll has taken the previous one. The controller reads it
+# from the job's environment (Ray Train propagates it from the driver).
+RAY_TRAIN_HEALTH_CHECK_INTERVAL_S = "1.0"
+# The node a pod runs on, from the Downward API (the preflight report names it).
+NODE_NAME_ENV = "K8S_NODE_NAME"
 
 
 def cluster_name(config: ClusterConfig) -> str:
@@ -73,13 +83,8 @@ def code_configmap_name(config: ClusterConfig) -> str:
     return f"{config.cluster.name}-code"
 
 
-def gpu_toleration() -> Toleration:
-    """The toleration for the taint the stacks put on GPU node groups."""
-    return Toleration(key=GPU_TAINT.key, operator="Equal", value=GPU_TAINT.value, effect=GPU_TAINT.effect)
-
-
 def job_env(config: ClusterConfig) -> dict[str, str]:
-    """Environment the workload reads: where the variable file is and where checkpoints go.
+    """Environment of the job: where the variable file is, where checkpoints go, Ray Train's tuning.
 
     `CHECKPOINT_BUCKET` is empty when `storage.bucket_name` is null: the default name contains
     the AWS account id, which the workload gets from STS at run time (the pods' Pod Identity
@@ -91,6 +96,7 @@ def job_env(config: ClusterConfig) -> dict[str, str]:
         "CHECKPOINT_PREFIX": config.storage.prefix,
         "CLUSTER_NAME": config.cluster.name,
         "AWS_REGION": config.region,
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": RAY_TRAIN_HEALTH_CHECK_INTERVAL_S,
     }
 
 
@@ -117,7 +123,25 @@ def transport_env(config: ClusterConfig, group: WorkerGroup) -> dict[str, str]:
 
 
 def _env(values: dict[str, str]) -> list[EnvVar]:
-    return [EnvVar(name=name, value=value) for name, value in values.items()]
+    node_name = EnvVar(name=NODE_NAME_ENV, value_from=EnvVarSource(field_ref=ObjectFieldSelector(
+        field_path="spec.nodeName")))
+    return [EnvVar(name=name, value=value) for name, value in values.items()] + [node_name]
+
+
+def _ray_start_params(resources: PodResources, **params: str) -> dict[str, str]:
+    # Explicit, so the object store sits in the pod's /dev/shm with room to spare (see PodResources).
+    return {**params, "object-store-memory": str(resources.object_store_bytes)}
+
+
+def _shm_volume(resources: PodResources) -> Volume:
+    # Docker's 64 MiB default /dev/shm breaks NCCL's intra-node transport and the data loader, and
+    # makes Ray put its object store in /tmp on the root disk.
+    return Volume(name=SHM_VOLUME, empty_dir=EmptyDirVolumeSource(medium="Memory",
+                                                                  size_limit=f"{resources.shm_gib}Gi"))
+
+
+def _shm_mount() -> VolumeMount:
+    return VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")
 
 
 def _code_env(config: ClusterConfig) -> dict[str, str]:
@@ -135,7 +159,7 @@ def _code_mount() -> VolumeMount:
 
 def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
     """The head: on a system node, no GPU, dashboard and GCS behind a ClusterIP Service only."""
-    head = config.ray.head
+    head = config.head_resources
     amount = {"cpu": str(head.cpu), "memory": f"{head.memory_gib}Gi"}
     env = {**_code_env(config), "NVIDIA_VISIBLE_DEVICES": "void"}  # the DLC's NVML probe fails on a CPU node
     container = Container(
@@ -150,16 +174,16 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
             ContainerPort(name="client", container_port=10001),
         ],
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
-        volume_mounts=[_code_mount()],
+        volume_mounts=[_code_mount(), _shm_mount()],
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
         node_selector=system_node_labels(),
         containers=[container],
-        volumes=[_code_volume(config, code)],
+        volumes=[_code_volume(config, code), _shm_volume(head)],
     )
     return HeadGroupSpec(
-        ray_start_params={"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        ray_start_params=_ray_start_params(head, **{"num-gpus": "0", "dashboard-host": "0.0.0.0"}),
         service_type="ClusterIP",
         template=PodTemplateSpec(metadata=TemplateMetadata(labels=labels(config)), spec=spec),
     )
@@ -181,7 +205,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         working_dir=bundle.MOUNT_PATH,
         env=_env({**_code_env(config), **transport_env(config, group)}),
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
-        volume_mounts=[_code_mount(), VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")],
+        volume_mounts=[_code_mount(), _shm_mount()],
         # EFA registers (pins) memory with the device; without IPC_LOCK the memlock limit stops it.
         security_context=SecurityContext(capabilities=Capabilities(add=["IPC_LOCK"])),
         # Leave the Ray cluster cleanly so the head does not wait out a heartbeat timeout.
@@ -190,17 +214,14 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     spec = PodSpec(
         service_account_name=config.ray.service_account,
         node_selector=worker_pod_node_selector(group),
-        tolerations=[gpu_toleration()],
+        tolerations=[Toleration(**GPU_TAINT.toleration())],
         containers=[container],
-        volumes=[
-            _code_volume(config, code),
-            # Docker's 64 MiB default /dev/shm breaks NCCL's intra-node transport and the data loader.
-            Volume(name=SHM_VOLUME, empty_dir=EmptyDirVolumeSource(medium="Memory", size_limit=f"{res.shm_gib}Gi")),
-        ],
+        volumes=[_code_volume(config, code), _shm_volume(res)],
     )
     pods = config.pods(group)
     return WorkerGroupSpec(
         group_name=group.name,
+        ray_start_params=_ray_start_params(res),
         replicas=pods,
         min_replicas=pods,
         max_replicas=pods,

@@ -16,20 +16,26 @@ def plan(config: ClusterConfig) -> str:
     lines = [f"cluster {config.cluster.name} in {config.region} (GPU nodes in {config.gpu_availability_zone}), "
              f"EKS {config.cluster.kubernetes_version}, transport {config.nccl.transport}"]
     system = config.cluster.system_nodes
-    lines.append(f"  system: {system.nodes} x {system.instance_type}; Ray head {config.ray.head.cpu} CPU, "
-                 f"{config.ray.head.memory_gib} GiB")
+    head = config.head_resources
+    lines.append(f"  system: {system.nodes} x {system.instance_type}; Ray head {head.cpu} CPU, {head.memory_gib} GiB, "
+                 f"/dev/shm {head.shm_gib} GiB, object store {_gib(head.object_store_mib)} GiB")
     for group in config.cluster.worker_groups:
         itype = config.instance(group)
         res = config.pod_resources[group.name]
         lines.append(
             f"  {group.name}: {group.nodes} x {group.instance_type} ({group.capacity}), {itype.gpus} x "
             f"{itype.gpu_model} per node, {config.pods_per_node(group)} pod(s)/node, {config.pods(group)} pods; "
-            f"per pod {res.gpus} GPU, {res.cpu} CPU, {res.memory_gib} GiB, /dev/shm {res.shm_gib} GiB, "
-            f"EFA {res.efa_devices}, hugepages-2Mi {res.hugepages_2mi_mib} MiB")
+            f"per pod {res.gpus} GPU, {res.cpu} CPU, {res.memory_gib} GiB, /dev/shm {res.shm_gib} GiB "
+            f"(object store {_gib(res.object_store_mib)} GiB), EFA {res.efa_devices}, "
+            f"hugepages-2Mi {res.hugepages_2mi_mib} MiB")
     lines.append(f"  world size {config.world_size} (one Ray Train worker per GPU, {config.cpus_per_worker} CPU each), "
                  f"gradient accumulation {config.grad_accumulation}")
     lines.append(f"  on-demand cost ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
     return "\n".join(lines)
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:g}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Instance catalog: hardware facts per EC2 instance type, loaded from `instances.yaml`.
+"""Instance catalog: hardware facts per EC2 instance type (and AZs per region), loaded from `instances.yaml`.
 
 The catalog is data, not code, so adding an instance type is a one-line change that every
 derived value (pod sizes, EFA devices, cost, MFU) picks up.
@@ -46,10 +46,16 @@ class Catalog(BaseModel):
 
     price_date: str = Field(description="Date (ISO) the prices were read.")
     instances: dict[str, InstanceType] = Field(description="Instance types by name.")
+    regions: dict[str, list[str]] = Field(default_factory=dict, description="AZ letters by region name.")
 
     def get(self, name: str) -> InstanceType | None:
         """The instance type called `name`, or None when the catalog does not list it."""
         return self.instances.get(name)
+
+    def availability_zones(self, region: str) -> list[str] | None:
+        """The region's AZ names (e.g. us-east-2a), or None when the catalog does not list the region."""
+        letters = self.regions.get(region)
+        return None if letters is None else [f"{region}{letter}" for letter in letters]
 
 
 @cache
@@ -61,4 +67,5 @@ def load_catalog(path: Path = CATALOG_FILE) -> Catalog:
     for name, fields in raw["instances"].items():
         extra = models[fields["gpu_model"]] if fields.get("gpu_model") else {}
         instances[name] = InstanceType(name=name, **extra, **fields)
-    return Catalog(price_date=str(raw["price_date"]), instances=instances)
+    regions = {region: [str(letter) for letter in letters] for region, letters in (raw.get("regions") or {}).items()}
+    return Catalog(price_date=str(raw["price_date"]), instances=instances, regions=regions)

@@ -20,6 +20,15 @@ EFA_PRESENT_LABEL = "vpc.amazonaws.com/efa.present"
 """The EFA device plugin chart schedules only on nodes labelled with this = "true"."""
 
 
+# Kubernetes' taint effects and how CloudFormation's AWS::EKS::Nodegroup spells them.
+_CFN_TAINT_EFFECTS = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE", "NoExecute": "NO_EXECUTE"}
+
+
+def cfn_taint_effect(effect: str) -> str:
+    """A Kubernetes taint effect (`NoSchedule`) as an EKS node group's `Taints` writes it (`NO_SCHEDULE`)."""
+    return _CFN_TAINT_EFFECTS[effect]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Taint:
     """A node taint (and, read the other way, the toleration that matches it)."""
@@ -27,6 +36,16 @@ class Taint:
     key: str
     value: str
     effect: str
+
+    @property
+    def cfn_effect(self) -> str:
+        """The effect as CloudFormation's node group taint names it; also the member name of the
+        `TaintEffect` enums of aws_eks_v2 and cdk8s-plus (`eks.TaintEffect[taint.cfn_effect]`)."""
+        return cfn_taint_effect(self.effect)
+
+    def toleration(self) -> dict[str, str]:
+        """The pod-spec toleration that matches exactly this taint."""
+        return {"key": self.key, "operator": "Equal", "value": self.value, "effect": self.effect}
 
 
 GPU_TAINT = Taint(key="nvidia.com/gpu", value="true", effect="NoSchedule")

@@ -9,10 +9,12 @@ are computed once, on first use, from the model and the instance catalog.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,6 +64,15 @@ EFA_HUGEPAGES_MIB_PER_POD = 5120
 # counts against the pod's memory limit, so a quarter of it, capped.
 _SHM_FRACTION = 0.25
 _SHM_CAP_GIB = 64
+# Ray's object store lives in /dev/shm. Left to itself Ray sizes it at 30% of the pod's memory,
+# capped at 95% of /dev/shm, which would leave NCCL's intra-node buffers and the data loader's
+# shared tensors almost nothing; and where the object store does not fit, Ray puts it in /tmp on
+# the root disk. Set explicitly: three quarters of /dev/shm, the rest left to NCCL.
+_OBJECT_STORE_SHM_FRACTION = 0.75
+# S3 bucket names are 3 to 63 characters.
+S3_BUCKET_NAME_MAX = 63
+# The derived bucket name carries the 12-digit account id, known only at deploy and run time.
+_ACCOUNT_ID_CHARS = 12
 
 EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
 NAT_GATEWAY_USD_PER_HOUR = 0.045
@@ -91,6 +102,8 @@ class PodResources:
     """Memory per pod, GiB (excludes huge pages)."""
     shm_gib: int
     """Size of the memory-backed /dev/shm, GiB (part of the memory above)."""
+    object_store_mib: int
+    """Ray object store, MiB (`ray start --object-store-memory`; inside /dev/shm, with room left for NCCL)."""
     hugepages_2mi_mib: int
     """2 MiB huge pages per pod, MiB (0 without EFA)."""
     efa_devices: int
@@ -98,13 +111,19 @@ class PodResources:
     gpus: int
     """`nvidia.com/gpu` per pod."""
 
+    @property
+    def object_store_bytes(self) -> int:
+        """The object store in bytes, as `ray start --object-store-memory` takes it."""
+        return self.object_store_mib * 1024**2
+
 
 class NetworkConfig(_Strict):
     """The VPC."""
 
     vpc_cidr: str = Field(default="10.0.0.0/16", description="VPC IPv4 CIDR block.")
     max_azs: int = Field(
-        default=2, ge=2, le=6, description="Availability zones the VPC spans (EKS needs at least 2)."
+        default=2, ge=2, le=6,
+        description="Availability zones the VPC spans (EKS needs at least 2; at most the region's AZ count).",
     )
     nat_gateways: int = Field(
         default=1, ge=1, le=6, description="NAT gateways (one keeps cost down; one per AZ for HA)."
@@ -237,7 +256,8 @@ class RayConfig(_Strict):
     )
     head: HeadConfig = Field(default_factory=HeadConfig, description="Ray head resources.")
     extra_pip_packages: list[str] = Field(
-        default_factory=list, description="Extra pip requirements for the runtime env (never torch/ray/transformers/NCCL)."
+        default_factory=list,
+        description="Extra pip requirements for the runtime env (never torch/ray/transformers/NCCL).",
     )
     preflight: bool = Field(default=True, description="Run the EFA/GPU preflight checks before training.")
     prepull_image: bool = Field(default=True, description="Pre-pull the image on GPU nodes with a DaemonSet.")
@@ -290,7 +310,8 @@ class JobConfig(_Strict):
 
     model: str = Field(default="Qwen/Qwen2.5-1.5B", description="Hugging Face model id or local/S3 path.")
     dataset: str = Field(
-        default="yahma/alpaca-cleaned", description="Dataset: hub id, local path, s3:// path, or a .jsonl/.parquet file."
+        default="yahma/alpaca-cleaned",
+        description="Dataset: hub id, local path, s3:// path, or a .jsonl/.parquet file.",
     )
     dataset_split: str = Field(default="train", description="Dataset split to train on.")
     instruction_field: str = Field(default="instruction", description="Dataset column with the prompt.")
@@ -331,9 +352,11 @@ class JobConfig(_Strict):
 class ClusterConfig(_Strict):
     """The whole variable file: infrastructure, manifests and job derive from it."""
 
-    region: str = Field(default="us-east-2", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$", description="AWS region.")
+    region: str = Field(default="us-east-2", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$",
+                        description="AWS region (one listed under `regions` in config/instances.yaml).")
     gpu_availability_zone: str = Field(
-        default="us-east-2b", description="The one AZ all GPU nodes run in (cluster placement group)."
+        default="us-east-2b",
+        description="The one AZ all GPU nodes run in (cluster placement group); one of the region's AZs.",
     )
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC settings.")
     cluster: ClusterSection = Field(description="EKS cluster and node groups.")
@@ -350,10 +373,30 @@ class ClusterConfig(_Strict):
         catalog = load_catalog()
         add = lambda path, message: problems.append(Problem(path=path, message=message))  # noqa: E731
 
-        az = _AZ_RE.fullmatch(self.gpu_availability_zone)
-        if not az or az.group("region") != self.region:
-            add("gpu_availability_zone", f"'{self.gpu_availability_zone}' is not an AZ of region {self.region}; "
-                f"use e.g. {self.region}b")
+        region_azs = catalog.availability_zones(self.region)
+        if region_azs is None:
+            add("region", f"{self.region} is not in config/instances.yaml's regions list; use one of "
+                f"{sorted(catalog.regions)} or add it there with its AZ letters "
+                f"(aws ec2 describe-availability-zones --region {self.region})")
+        else:
+            if self.gpu_availability_zone not in region_azs:
+                az = _AZ_RE.fullmatch(self.gpu_availability_zone)
+                what = "does not exist in" if az and az.group("region") == self.region else "is not an AZ of"
+                add("gpu_availability_zone", f"'{self.gpu_availability_zone}' {what} region {self.region}; "
+                    f"use one of {region_azs}")
+            if self.network.max_azs > len(region_azs):
+                add("network.max_azs", f"{self.network.max_azs} AZs, but {self.region} has {len(region_azs)} "
+                    f"({region_azs}); set network.max_azs to at most {len(region_azs)}")
+
+        problems.extend(self._kubectl_layer_problems())
+
+        if self.storage.bucket_name is None:
+            derived = len(self.bucket_name("0" * _ACCOUNT_ID_CHARS))
+            if derived > S3_BUCKET_NAME_MAX:
+                longest = len(self.cluster.name) - (derived - S3_BUCKET_NAME_MAX)
+                add("cluster.name", f"the derived bucket name '{self.cluster.name}-ckpt-<12-digit account>-"
+                    f"{self.region}' is {derived} characters, over S3's {S3_BUCKET_NAME_MAX}; shorten cluster.name "
+                    f"to at most {longest} characters or set storage.bucket_name")
 
         if self.cluster.endpoint_access == "public" and self.cluster.public_access_cidrs != ["0.0.0.0/0"]:
             # A public-only endpoint cannot be narrowed: the kubectl provider that installs the Helm
@@ -401,11 +444,30 @@ class ClusterConfig(_Strict):
             per_step = job.micro_batch_size * self.world_size
             if job.global_batch_size % per_step:
                 add("job.global_batch_size", f"{job.global_batch_size} is not a multiple of micro_batch_size x "
-                    f"world size = {job.micro_batch_size} x {self.world_size} = {per_step}; use a multiple of {per_step}")
+                    f"world size = {job.micro_batch_size} x {self.world_size} = {per_step}; "
+                    f"use a multiple of {per_step}")
         if job.warmup_steps >= job.max_steps:
             add("job.warmup_steps", f"{job.warmup_steps} warm-up steps leave none of max_steps={job.max_steps}; "
                 "lower job.warmup_steps")
         return problems
+
+    def _kubectl_layer_problems(self) -> list[Problem]:
+        """The stacks' kubectl provider needs the layer for exactly this Kubernetes minor.
+
+        Checked only where the CDK library is installed (the deploy toolchain: `python -m config
+        check`, `cdk synth`, `cdk8s synth`); the Ray pods load the same file to train and deploy
+        nothing, and their image has no CDK.
+        """
+        cdk = importlib.util.find_spec("aws_cdk")  # finds the package without importing it (and jsii)
+        if cdk is None:
+            return []
+        layer = kubectl_layer_module(self.cluster.kubernetes_version).rpartition(".")[2]
+        if any((Path(location) / layer / "__init__.py").is_file() for location in cdk.submodule_search_locations or []):
+            return []
+        package = kubectl_layer_package(self.cluster.kubernetes_version)
+        return [Problem(path="cluster.kubernetes_version", message=(
+            f"no kubectl layer for Kubernetes {self.cluster.kubernetes_version} is installed; pin {package} in "
+            f"requirements.txt and run `make setup`, or use a version whose layer is installed"))]
 
     def _group_problems(self, base: str, group: WorkerGroup) -> list[Problem]:
         problems: list[Problem] = []
@@ -480,20 +542,30 @@ class ClusterConfig(_Strict):
         cpu_m, mem_mib = _allocatable(itype)
         cpu = (cpu_m - _DAEMONSET_CPU_M) // pods // 1000
         mem_gib = (mem_mib - _DAEMONSET_MEM_MIB - hugepages * pods) // pods // 1024
+        shm_gib = _shm_gib(mem_gib)
         return PodResources(
             cpu=cpu,
             memory_gib=mem_gib,
-            shm_gib=min(_SHM_CAP_GIB, int(mem_gib * _SHM_FRACTION)),
+            shm_gib=shm_gib,
+            object_store_mib=_object_store_mib(shm_gib),
             hugepages_2mi_mib=hugepages,
             efa_devices=itype.efa_interfaces // pods if efa else 0,
             gpus=group.gpus_per_pod,
         )
 
     @cached_property
+    def head_resources(self) -> PodResources:
+        """The Ray head pod: `ray.head`'s CPU and memory, a /dev/shm and object store sized like a worker's."""
+        head = self.ray.head
+        shm_gib = _shm_gib(head.memory_gib)
+        return PodResources(cpu=head.cpu, memory_gib=head.memory_gib, shm_gib=shm_gib,
+                            object_store_mib=_object_store_mib(shm_gib), hugepages_2mi_mib=0, efa_devices=0, gpus=0)
+
+    @cached_property
     def availability_zones(self) -> list[str]:
-        """VPC AZs: the GPU AZ first, then the region's next AZs by letter, `network.max_azs` in all."""
-        letters = [c for c in "abcdef" if f"{self.region}{c}" != self.gpu_availability_zone]
-        return [self.gpu_availability_zone] + [f"{self.region}{c}" for c in letters[: self.network.max_azs - 1]]
+        """VPC AZs: the GPU AZ first, then the region's other AZs in catalog order, `network.max_azs` in all."""
+        others = [az for az in load_catalog().availability_zones(self.region) if az != self.gpu_availability_zone]
+        return [self.gpu_availability_zone] + others[: self.network.max_azs - 1]
 
     @cached_property
     def world_size(self) -> int:
@@ -547,6 +619,26 @@ def _allocatable(itype: InstanceType) -> tuple[int, int]:
     capacity_mib = int(itype.memory_gib * 1024 * _USABLE_MEMORY_FRACTION)
     mem_mib = capacity_mib - (255 + 11 * max_pods) - _EVICTION_MIB
     return int(cores * 1000 - reserved_m), mem_mib
+
+
+def _shm_gib(memory_gib: int) -> int:
+    """A pod's memory-backed /dev/shm, GiB: a quarter of its memory, capped, at least 1."""
+    return max(1, min(_SHM_CAP_GIB, int(memory_gib * _SHM_FRACTION)))
+
+
+def _object_store_mib(shm_gib: int) -> int:
+    """Ray's object store inside a /dev/shm of `shm_gib` GiB, MiB."""
+    return int(shm_gib * 1024 * _OBJECT_STORE_SHM_FRACTION)
+
+
+def kubectl_layer_module(kubernetes_version: str) -> str:
+    """The Python module of the CDK kubectl layer for exactly this Kubernetes minor version."""
+    return f"aws_cdk.lambda_layer_kubectl_v{kubernetes_version.split('.')[1]}"
+
+
+def kubectl_layer_package(kubernetes_version: str) -> str:
+    """The pip distribution that provides `kubectl_layer_module(kubernetes_version)`."""
+    return f"aws-cdk.lambda-layer-kubectl-v{kubernetes_version.split('.')[1]}"
 
 
 def _unknown_type(name: str) -> str:

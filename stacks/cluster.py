@@ -54,7 +54,8 @@ class ClusterStack(cdk.Stack):
             version=eks.KubernetesVersion.of(section.kubernetes_version),
             vpc=vpc,
             vpc_subnets=[private],
-            # Node groups are declared below, one per group in the file; no default capacity.
+            # Node groups are declared below, one per group in the file. Capacity 0 because otherwise
+            # aws_eks_v2 adds a default node group of its own (2 x m5.large) beside them.
             default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
             default_capacity=0,
             # The managed add-ons below replace EKS's self-managed copies instead of fighting them.
@@ -99,7 +100,7 @@ class ClusterStack(cdk.Stack):
             group.name: EfaNodeGroup(self, f"Workers-{group.name}", cluster=self.cluster, config=config, group=group)
             for group in section.worker_groups
         }
-        for nodegroup in [self.system_nodegroup, *(g.nodegroup for g in self.gpu_nodegroups.values())]:
+        for nodegroup in self.nodegroups:
             for name in ("vpc-cni", "kube-proxy"):
                 nodegroup.node.add_dependency(self.addons[name])
 
@@ -129,6 +130,11 @@ class ClusterStack(cdk.Stack):
                       description="The AZ all GPU nodes run in.")
         cdk.CfnOutput(self, "OnDemandUsdPerHour", value=f"{config.cost_per_hour:.2f}",
                       description="List price of everything running, USD per hour (nodes, control plane, NAT).")
+
+    @property
+    def nodegroups(self) -> list[eks.Nodegroup]:
+        """Every managed node group: the system one, then one per worker group."""
+        return [self.system_nodegroup, *(g.nodegroup for g in self.gpu_nodegroups.values())]
 
     def _cloudwatch_observability(self) -> None:
         """The CloudWatch observability add-on (Container Insights with GPU and EFA metrics)."""

@@ -19,11 +19,6 @@ _CAPACITY = {
     "spot": eks.CapacityType.SPOT,
     "capacity_block": eks.CapacityType.CAPACITY_BLOCK,
 }
-_TAINT_EFFECT = {
-    "NoSchedule": eks.TaintEffect.NO_SCHEDULE,
-    "PreferNoSchedule": eks.TaintEffect.PREFER_NO_SCHEDULE,
-    "NoExecute": eks.TaintEffect.NO_EXECUTE,
-}
 _MIME_BOUNDARY = "==RAYEFA=="
 # AL2023 EKS AMIs boot from /dev/xvda.
 _ROOT_DEVICE = "/dev/xvda"
@@ -160,6 +155,7 @@ class EfaNodeGroup(Construct):
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
                                         availability_zones=[config.gpu_availability_zone]),
             labels=worker_node_labels(config, group),
-            taints=[eks.TaintSpec(key=GPU_TAINT.key, value=GPU_TAINT.value, effect=_TAINT_EFFECT[GPU_TAINT.effect])],
+            taints=[eks.TaintSpec(key=GPU_TAINT.key, value=GPU_TAINT.value,
+                                  effect=eks.TaintEffect[GPU_TAINT.cfn_effect])],
             tags={"ray-efa.io/worker-group": group.name},
         )

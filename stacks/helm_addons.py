@@ -13,11 +13,6 @@ from stacks.versions import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, ChartPin, k
 _HELM_TIMEOUT = cdk.Duration.minutes(15)
 
 
-def gpu_toleration() -> dict:
-    """The toleration for the GPU taint, as a pod spec wants it."""
-    return {"key": GPU_TAINT.key, "operator": "Exists", "effect": GPU_TAINT.effect}
-
-
 def _chart(scope: Construct, cluster: eks.ICluster, pin: ChartPin, values: dict) -> eks.HelmChart:
     return eks.HelmChart(
         scope, "Chart", cluster=cluster, chart=pin.chart, repository=pin.repository, version=pin.version,
@@ -35,7 +30,7 @@ class NvidiaDevicePlugin(Construct):
         super().__init__(scope, id, **kwargs)
         self.values = {
             "nodeSelector": {GPU_PRESENT_LABEL: "true"},
-            "tolerations": [gpu_toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
+            "tolerations": [GPU_TAINT.toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
         }
         self.chart = _chart(self, cluster, NVIDIA_DEVICE_PLUGIN, self.values)
 
@@ -48,7 +43,7 @@ class EfaDevicePlugin(Construct):
         efa_types = sorted({g.instance_type for g in config.cluster.worker_groups if config.instance(g).has_efa})
         self.values = {
             "nodeSelector": {EFA_PRESENT_LABEL: "true"},
-            "tolerations": [gpu_toleration()],
+            "tolerations": [GPU_TAINT.toleration()],
             # The chart's node affinity only admits instance types on its own list; name ours so a
             # type the chart's list lags behind on still gets the plugin.
             "supportedInstanceLabels": {"keys": ["node.kubernetes.io/instance-type"], "values": efa_types},

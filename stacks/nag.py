@@ -39,7 +39,7 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
     acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
                 "EKS requires its control-plane role to carry AmazonEKSClusterPolicy; AWS keeps it current "
                 "as EKS needs change.")
-    for nodegroup in [stacks.cluster.system_nodegroup, *(g.nodegroup for g in stacks.cluster.gpu_nodegroups.values())]:
+    for nodegroup in stacks.cluster.nodegroups:
         for policy in _NODE_POLICIES:
             acknowledge(nodegroup.role, managed_policy(policy),
                         f"{policy} is one of the three policies EKS documents for managed node group roles; "

@@ -58,7 +58,12 @@ class StorageStack(cdk.Stack):
             sid="ListPrefixOnly",
             actions=["s3:ListBucket"],
             resources=[self.bucket.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [storage.prefix, f"{storage.prefix}/*"]}}))
+            # IfExists: HeadBucket (pyarrow's create_dir, Ray Train's StorageContext before its first
+            # write) is authorized as s3:ListBucket but carries no s3:prefix, and a plain StringLike
+            # never matches a missing key, so it was denied (apache/arrow#49949). The price: a listing
+            # without a prefix may see key names bucket-wide; this bucket holds only this job's prefix.
+            # A listing naming another prefix is still denied; object access stays <prefix>/* (above).
+            conditions={"StringLikeIfExists": {"s3:prefix": [storage.prefix, f"{storage.prefix}/*"]}}))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from constructs import Construct
 
-from config import ConfigError, Problem
+from config.model import kubectl_layer_module
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,19 +51,10 @@ def kuberay_operator(version: str) -> ChartPin:
 
 
 def kubectl_layer(scope: Construct, id: str, *, kubernetes_version: str):
-    """The `aws-cdk.lambda-layer-kubectl-vNN` layer for the cluster's version.
+    """The `aws-cdk.lambda-layer-kubectl-vNN` layer for exactly the cluster's Kubernetes minor version.
 
-    The exact minor is preferred; kubectl's skew policy allows one minor either side, so the
-    nearest installed layer within that range is used instead. Anything further is refused.
+    The variable file's validation (`ClusterConfig.cross_field_problems`) has already refused a
+    version whose layer is not installed, so `python -m config check` fails the same way.
     """
-    minor = int(kubernetes_version.split(".")[1])
-    for candidate in (minor, minor - 1, minor + 1):
-        try:
-            module = importlib.import_module(f"aws_cdk.lambda_layer_kubectl_v{candidate}")
-        except ModuleNotFoundError:
-            continue
-        return getattr(module, f"KubectlV{candidate}Layer")(scope, id)
-    raise ConfigError("(variable file)", [Problem(
-        path="cluster.kubernetes_version",
-        message=f"no kubectl layer within one minor version of {kubernetes_version} is installed; "
-                f"pip install aws-cdk.lambda-layer-kubectl-v{minor} (and pin it in requirements.txt)")])
+    module = importlib.import_module(kubectl_layer_module(kubernetes_version))
+    return getattr(module, f"KubectlV{kubernetes_version.split('.')[1]}Layer")(scope, id)

@@ -15,9 +15,13 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from config import ClusterConfig, load_config
 from tests.helpers import EXAMPLES, write_variant
+
+if TYPE_CHECKING:
+    from stacks import ProjectStacks
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
@@ -53,9 +57,11 @@ VARIANTS = ("default", "p5", "socket", "alt")
 
 @dataclass(frozen=True, kw_only=True)
 class Synth:
-    """One synthesized variant: its config, output directory, templates by stack role, nag report."""
+    """One synthesized variant: its config, stacks (the construct tree), output directory, templates by
+    stack role, nag report."""
 
     config: ClusterConfig
+    stacks: ProjectStacks
     outdir: Path
     templates: dict[str, dict]
     template_files: list[Path]
@@ -86,7 +92,7 @@ def synth(name: str) -> Synth:
     config = load_config(variant_file(name))
     outdir = _ROOT / name
     app = cdk.App(outdir=str(outdir), context={"@aws-cdk/core:validationReportJson": True})
-    build(app, config, nag=True)
+    stacks = build(app, config, nag=True)
     nag_error = None
     try:
         app.synth()
@@ -99,5 +105,6 @@ def synth(name: str) -> Synth:
             violations += [{"rule": v["ruleName"], "resource": r["constructPath"]}
                            for v in plugin["violations"] for r in v["violatingResources"]]
     files = {role: outdir / f"{stack}.template.json" for role, stack in stack_names(config).items()}
-    return Synth(config=config, outdir=outdir, templates={r: json.loads(f.read_text()) for r, f in files.items()},
+    return Synth(config=config, stacks=stacks, outdir=outdir,
+                 templates={r: json.loads(f.read_text()) for r, f in files.items()},
                  template_files=list(files.values()), nag_error=nag_error, nag_violations=violations)

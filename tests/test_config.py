@@ -12,7 +12,7 @@ from config import ConfigError, load_config
 from config.__main__ import main as config_main
 from config.catalog import load_catalog
 from config.model import EFA_HUGEPAGES_MIB_PER_POD
-from tests.helpers import EXAMPLES, REPO, default_data, write_variant
+from tests.helpers import EXAMPLES, REPO, default_data, merge, write_variant
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -105,6 +105,8 @@ def test_derived_values_g6_12xlarge():
     # 192 GiB * 0.95 = 186777 MiB; minus kube-reserved (255 + 11*250) and eviction 100 -> 183667;
     # minus 2048 DaemonSets and 5120 hugepages -> 176499 MiB -> 172 GiB; /dev/shm a quarter -> 43.
     assert res.memory_gib == 172 and res.shm_gib == 43
+    # Ray's object store: three quarters of /dev/shm (0.75 x 43 GiB = 33024 MiB), the rest for NCCL.
+    assert res.object_store_mib == 33024 and res.object_store_bytes == 33024 * 1024**2
     assert res.hugepages_2mi_mib == EFA_HUGEPAGES_MIB_PER_POD == 5120
     assert res.efa_devices == 1 and res.gpus == 4
     assert config.cpus_per_worker == 11  # (46 - 1) // 4
@@ -122,8 +124,22 @@ def test_derived_values_p5_48xlarge():
     assert res.cpu == 190
     # 2048 GiB * 0.95 = 1992294 MiB - 3005 - 100 - 2048 - 5120 = 1982021 MiB -> 1935 GiB; shm capped at 64.
     assert res.memory_gib == 1935 and res.shm_gib == 64
+    assert res.object_store_mib == 48 * 1024
     assert res.efa_devices == 32 and res.gpus == 8
     assert config.instance(group).gpudirect_rdma
+
+
+def test_head_shm_and_object_store():
+    head = load_config().head_resources
+    # 16 GiB head: /dev/shm a quarter (4 GiB), object store three quarters of that (3 GiB).
+    assert (head.cpu, head.memory_gib, head.shm_gib, head.object_store_mib) == (4, 16, 4, 3072)
+    assert (head.gpus, head.efa_devices, head.hugepages_2mi_mib) == (0, 0, 0)
+
+
+def test_plan_shows_object_store():
+    _, out, _ = check(REPO / "config" / "cluster.yaml")
+    assert "/dev/shm 4 GiB, object store 3 GiB" in out
+    assert "/dev/shm 43 GiB (object store 32.25 GiB)" in out
 
 
 def test_socket_transport_has_no_efa_or_hugepages():
@@ -143,6 +159,23 @@ def test_availability_zones_start_with_gpu_az():
     config = load_config()
     assert config.availability_zones[0] == config.gpu_availability_zone
     assert len(set(config.availability_zones)) == config.network.max_azs
+
+
+def test_availability_zones_are_the_regions_real_ones(tmp_path):
+    # ap-northeast-1 has no 1b: after the GPU AZ 1a come 1c and 1d.
+    config = load_config(write_variant(tmp_path, {"region": "ap-northeast-1", "gpu_availability_zone":
+                                                  "ap-northeast-1a", "network": {"max_azs": 3}}))
+    assert config.availability_zones == ["ap-northeast-1a", "ap-northeast-1c", "ap-northeast-1d"]
+    config = load_config(write_variant(tmp_path, {"network": {"max_azs": 3}}))
+    assert config.availability_zones == ["us-east-2b", "us-east-2a", "us-east-2c"]
+
+
+def test_catalog_lists_the_regions_azs():
+    catalog = load_catalog()
+    letters = {"us-east-1": "abcdef", "us-east-2": "abc", "us-west-2": "abcd", "eu-west-1": "abc",
+               "eu-central-1": "abc", "ap-northeast-1": "acd", "ap-southeast-2": "abc"}
+    for region, expected in letters.items():
+        assert catalog.availability_zones(region) == [f"{region}{c}" for c in expected], region
 
 
 def test_catalog_covers_required_families():
@@ -210,6 +243,53 @@ def test_head_not_fitting_system_node(tmp_path):
 def test_az_not_in_region(tmp_path):
     lines = refused(tmp_path, {"gpu_availability_zone": "us-west-2a"})
     assert paths_of(lines) == ["gpu_availability_zone"]
+
+
+def test_az_letter_the_region_does_not_have(tmp_path):
+    lines = refused(tmp_path, {"gpu_availability_zone": "us-east-2d"})
+    assert paths_of(lines) == ["gpu_availability_zone"]
+    assert "does not exist in region us-east-2" in lines[0] and "'us-east-2a', 'us-east-2b', 'us-east-2c'" in lines[0]
+
+
+def test_more_azs_than_the_region_has(tmp_path):
+    lines = refused(tmp_path, {"network": {"max_azs": 4}})
+    assert paths_of(lines) == ["network.max_azs"]
+    assert "us-east-2 has 3" in lines[0] and "at most 3" in lines[0]
+
+
+def test_unknown_region(tmp_path):
+    lines = refused(tmp_path, {"region": "me-south-1", "gpu_availability_zone": "me-south-1a"})
+    assert paths_of(lines) == ["region"]
+    assert "config/instances.yaml" in lines[0] and "describe-availability-zones --region me-south-1" in lines[0]
+
+
+def test_derived_bucket_name_over_63_characters(tmp_path):
+    # 'a-cluster-name-of-forty-one-characters-xx' (41) + '-ckpt-' + 12 digits + '-ap-southeast-2' = 74.
+    name = "a-cluster-name-of-forty-one-characters-xx"
+    overrides = {"region": "ap-southeast-2", "gpu_availability_zone": "ap-southeast-2a", "cluster": {"name": name}}
+    lines = refused(tmp_path, overrides)
+    assert paths_of(lines) == ["cluster.name"]
+    assert "74 characters, over S3's 63" in lines[0] and "at most 30 characters" in lines[0]
+    assert "storage.bucket_name" in lines[0]
+    # An explicit bucket name lifts the limit; 30 characters fit exactly.
+    assert load_config(write_variant(tmp_path, merge(overrides, {"storage": {"bucket_name": "my-ckpt"}})))
+    config = load_config(write_variant(tmp_path, merge(overrides, {"cluster": {"name": name[:30]}})))
+    assert len(config.bucket_name("123456789012")) == 63
+
+
+def test_kubernetes_version_without_an_installed_kubectl_layer(tmp_path):
+    lines = refused(tmp_path, {"cluster": {"kubernetes_version": "1.35"}})
+    assert paths_of(lines) == ["cluster.kubernetes_version"]
+    assert "pin aws-cdk.lambda-layer-kubectl-v35 in requirements.txt" in lines[0]
+
+
+def test_kubectl_layer_rule_is_skipped_where_the_cdk_is_not_installed(tmp_path, monkeypatch):
+    """Inside the Ray pods (no CDK in the image) the workload loads the same file; nothing there needs the layer."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aws_cdk" else real(name, *a))
+    assert load_config(write_variant(tmp_path, {"cluster": {"kubernetes_version": "1.35"}}))
 
 
 def test_image_pinned_to_latest(tmp_path):

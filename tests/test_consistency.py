@@ -11,10 +11,10 @@ from functools import cache
 import pytest
 
 from charts.charts import build_app, inputs, manifests
+from config.k8s import cfn_taint_effect
 from tests.stack_synth import synth, variant_file
 
 VARIANTS = ["default", "p5", "socket"]
-_CFN_EFFECT = {"NoSchedule": "NO_SCHEDULE", "NoExecute": "NO_EXECUTE", "PreferNoSchedule": "PREFER_NO_SCHEDULE"}
 
 
 @cache
@@ -50,7 +50,7 @@ def schedulable_on(pod_spec: dict, group: dict) -> bool:
     tolerations = pod_spec.get("tolerations") or []
     for taint in group.get("Taints") or []:
         if not any(t.get("key") == taint["Key"] and t.get("value", "") == taint.get("Value", "")
-                   and _CFN_EFFECT[t.get("effect", "NoSchedule")] == taint["Effect"] for t in tolerations):
+                   and cfn_taint_effect(t.get("effect", "NoSchedule")) == taint["Effect"] for t in tolerations):
             return False
     return True
 
@@ -73,6 +73,30 @@ def test_each_worker_group_lands_on_gpu_nodes_only_and_head_on_system_nodes(name
         targets = [g for g in groups if schedulable_on(worker["template"]["spec"], g)]
         assert len(targets) == 1, worker["groupName"]
         assert targets[0]["AmiType"] == "AL2023_x86_64_NVIDIA"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_image_prepull_lands_on_every_gpu_node_group_and_nowhere_else(name):
+    (daemon_set,) = [o for o in k8s_objects(name) if o["kind"] == "DaemonSet"]
+    pod = daemon_set["spec"]["template"]["spec"]
+    for group in nodegroups(name):
+        assert schedulable_on(pod, group) == (group["AmiType"] == "AL2023_x86_64_NVIDIA"), group["Labels"]
+
+
+@pytest.mark.parametrize("name", [*VARIANTS, "alt"])
+def test_no_public_ray_endpoint(name):
+    """Nothing in the stacks exposes Ray (no load balancer, no Kubernetes object applied by CDK), and the
+    manifests keep the head's dashboard and GCS behind a ClusterIP Service with no Ingress."""
+    for stack, template in synth(name).templates.items():
+        for res in template["Resources"].values():
+            assert not res["Type"].startswith("AWS::ElasticLoadBalancing"), stack
+            assert res["Type"] != "Custom::AWSCDK-EKS-KubernetesResource", stack
+            if res["Type"] == "Custom::AWSCDK-EKS-HelmChart":
+                assert "LoadBalancer" not in res["Properties"].get("Values", ""), res["Properties"]["Chart"]
+    objects = k8s_objects(name)
+    head = ray_cluster_spec(name)["headGroupSpec"]
+    assert head["serviceType"] == "ClusterIP" and head["enableIngress"] is False
+    assert not [o for o in objects if o["kind"] in {"Ingress", "Service"}]  # KubeRay makes the ClusterIP one
 
 
 @pytest.mark.parametrize("name", VARIANTS)
