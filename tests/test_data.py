@@ -157,6 +157,22 @@ def test_s3_without_s3fs_is_refused_before_any_worker(cache):
         assert info.value.field == "dataset" and "s3fs" in info.value.message
 
 
+def test_remote_dataset_existence_check_on_a_real_fsspec_filesystem():
+    """The driver's check for s3:// paths, run on fsspec's in-memory filesystem (same code path, no S3)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/sft-check/train.jsonl", b'{"instruction": "1+1", "response": "2"}\n')
+    data.check_remote_exists("memory://sft-check/train.jsonl")  # a file
+    data.check_remote_exists("memory://sft-check")  # a prefix
+    with pytest.raises(JobSettingError) as info:
+        data.check_remote_exists("memory://sft-check/missing.jsonl")
+    assert info.value.field == "dataset" and "does not exist" in info.value.message
+    # A filesystem that cannot be reached from here (an unknown protocol stands in for missing
+    # credentials or no network) is left to the workers, not refused.
+    data.check_remote_exists("nosuchprotocol://bucket/key")
+
+
 def test_hub_id_is_left_to_the_workers_when_offline(monkeypatch):
     import datasets
 

@@ -13,6 +13,7 @@ DCP needs no shared file system for this: plans and metadata travel over the pro
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import tempfile
@@ -93,22 +94,32 @@ def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     return {"step": extra["step"], "data": extra["data"]}
 
 
-def export_hf_model(model, tokenizer, destination: str, *, max_shard_size: str = "5GB") -> None:
+def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | None = None,
+                    max_shard_size: str = "5GB") -> None:
     """Write the full model (safetensors) and tokenizer in Hugging Face format to `destination`.
 
     Collective: every rank takes part in gathering the full state dict; with `cpu_offload` each
     layer is gathered and moved to CPU one at a time, and only rank 0 keeps the full copy, so
     no GPU ever holds the whole model. Rank 0 writes to a local temporary folder and copies it to
     `destination` (a local path or any URI pyarrow understands, such as `s3://bucket/key`).
+    `dtype` (the original model's, `model.saved_dtype`) is what the weights are written in: the
+    fp32 master weights of a bf16 model go back to bf16, half the size, loading like the original.
     """
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(model, options=options)
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         with tempfile.TemporaryDirectory(prefix="hf-export-") as tmp:
             # save_pretrained on the unwrapped module: the config and generation config come along,
             # and tied weights are written once.
             model.save_pretrained(tmp, state_dict=state, safe_serialization=True, max_shard_size=max_shard_size)
+            if dtype is not None:
+                # save_pretrained records the dtype of the live (fp32) parameters; record the written one.
+                config = copy.deepcopy(model.config)
+                config.dtype = dtype
+                config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             copy_tree(tmp, destination)
     if dist.is_initialized():

@@ -154,13 +154,7 @@ def load_records(job, *, cache_dir: str | os.PathLike | None = None):
             ds = datasets.load_dataset(_builder_for(source.location), data_files=source.location, split=split,
                                        **kwargs)
         elif source.kind == "saved":
-            loaded = datasets.load_from_disk(source.location)
-            if isinstance(loaded, datasets.DatasetDict):
-                if split not in loaded:
-                    raise JobSettingError("dataset_split", f"'{split}' is not a split of {job.dataset}; "
-                                          f"splits: {sorted(loaded)}")
-                loaded = loaded[split]
-            ds = loaded
+            ds = _select_split(datasets.load_from_disk(source.location), split, job)
         elif source.kind == "s3":
             _require_s3fs(job.dataset)
             builder = _builder_for(source.location)
@@ -226,8 +220,8 @@ def check_dataset(job) -> None:
 
     Local files are checked from their first row (the schema for Parquet), a `save_to_disk`
     directory from its memory-mapped table, a directory of data files from its first file, and a
-    hub id from its published features when online. s3:// paths are left to the workers (the
-    driver may not hold the job's credentials). Raises `JobSettingError` naming the field.
+    hub id from its published features when online. An s3:// path is checked for existence (its
+    columns are left to the workers). Raises `JobSettingError` naming the field.
     """
     source = _classify(job.dataset)  # raises for a missing local path
     split_base = job.dataset_split.split("[", 1)[0]
@@ -238,12 +232,7 @@ def check_dataset(job) -> None:
     elif source.kind == "saved":
         import datasets
 
-        loaded = datasets.load_from_disk(source.location)
-        if isinstance(loaded, datasets.DatasetDict):
-            if split_base not in loaded:
-                raise JobSettingError("dataset_split", f"'{job.dataset_split}' is not a split of {job.dataset}; "
-                                      f"splits: {sorted(loaded)}")
-            loaded = loaded[split_base]
+        loaded = _select_split(datasets.load_from_disk(source.location), split_base, job)
         _check_columns(job, loaded.column_names, job.dataset)
     elif source.kind == "dir":
         files = sorted(p for p in Path(source.location).rglob("*") if p.is_file() and _builder_for(p.name))
@@ -254,7 +243,40 @@ def check_dataset(job) -> None:
         _check_hub_dataset(job, split_base)
     else:
         _require_s3fs(job.dataset)
+        check_remote_exists(source.location)
         log.info("dataset %s: s3 path, columns are checked by the workers", job.dataset)
+
+
+def check_remote_exists(location: str) -> None:
+    """Raise `JobSettingError('dataset')` when a remote (fsspec) path such as `s3://...` is not there.
+
+    The driver runs with the same credentials as the workers (EKS Pod Identity), so a typo in the
+    bucket or prefix is caught before any worker starts. Anything other than a clear "not there"
+    (no credentials on this machine, no network) is logged and left to the workers.
+    """
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(location)
+        exists = fs.exists(path)
+    except Exception as exc:  # noqa: BLE001 - offline or no credentials: the workers will see
+        log.warning("dataset %s: could not check that it exists (%s); the workers will", location, exc)
+        return
+    if not exists:
+        raise JobSettingError("dataset", f"{location} does not exist (no such object or prefix); check the "
+                              "bucket and path")
+
+
+def _select_split(loaded, split: str, job):
+    """The `split` of a `load_from_disk` result (a `DatasetDict` has several; a `Dataset` is one)."""
+    import datasets
+
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    if split not in loaded:
+        raise JobSettingError("dataset_split", f"'{job.dataset_split}' is not a split of {job.dataset}; "
+                              f"splits: {sorted(loaded)}")
+    return loaded[split]
 
 
 def _check_hub_dataset(job, split_base: str) -> None:

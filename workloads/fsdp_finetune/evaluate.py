@@ -11,9 +11,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from workloads.fsdp_finetune.data import IGNORE_INDEX, tokenize_examples
+from workloads.fsdp_finetune.loss import loss_sum
 
 # The generation stops at whichever of these the tokenizer knows: ChatML's end of turn
 # (what a fine-tuned Qwen emits after an answer) or the document EOS packed between examples.
@@ -123,9 +123,6 @@ def _response_loss(model, tokenizer, pairs: list[tuple[str, str]], device) -> tu
         input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         labels[row, : len(ids)] = torch.tensor(labs, dtype=torch.long)
         attention[row, : len(ids)] = 1
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
-    # Position t predicts token t+1 (the shift HF applies inside its own loss).
-    shift_logits = logits[:, :-1].reshape(-1, logits.shape[-1])
-    shift_labels = labels[:, 1:].reshape(-1).to(device)
-    total = F.cross_entropy(shift_logits, shift_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return float(total), int((shift_labels != IGNORE_INDEX).sum())
+    # The training loss's own code (position t predicts token t+1), so the two are comparable.
+    total = loss_sum(model, input_ids.to(device), labels.to(device), attention_mask=attention.to(device))
+    return float(total), int((labels[:, 1:] != IGNORE_INDEX).sum())

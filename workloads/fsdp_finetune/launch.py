@@ -7,7 +7,12 @@ On the cluster the job comes from the variable file and checkpoints go to the st
 `--local` keeps the file's validation but swaps in the embedded tiny job (`local_job`): a random
 Qwen2-architecture model, a generated arithmetic dataset, two CPU workers on gloo, all on this
 machine. Every bad setting is reported before a worker starts, as `SOURCE: job.<field>: message`,
-exit status 2.
+exit status 2; so is a rerun under a run name whose latest checkpoint is past `max_steps` (it would
+train nothing and export the longer run's model).
+
+`RAY_TRAIN_HEALTH_CHECK_INTERVAL_S` (Ray Train's default 2 s) is how often the train controller
+polls the workers; reports, the end of training and worker failures are seen only on a poll. The
+cluster's runtime env sets it (charts); a local run defaults it to 0.5 s (`start_local_ray`).
 """
 
 from __future__ import annotations
@@ -110,6 +115,46 @@ def validate_job(job: JobConfig, *, world_size: int, source: str) -> list[Settin
     return problems
 
 
+def latest_checkpoint_step(storage_path: str, run_name: str) -> int | None:
+    """The step of the run's latest checkpoint in storage (`<storage>/<run>/checkpoint_step_NNNNNNN`), or None.
+
+    Reads only the folder names (local path or any URI pyarrow understands, such as s3://); the
+    names are the `checkpoint_dir_name` that `train_func` reports each checkpoint under.
+    """
+    import pyarrow.fs as pafs
+
+    from workloads.fsdp_finetune.train import CHECKPOINT_PREFIX
+
+    if "://" in storage_path:
+        fs, root = pafs.FileSystem.from_uri(storage_path)
+    else:
+        fs, root = pafs.LocalFileSystem(), str(Path(storage_path).resolve())
+    run_dir = f"{root.rstrip('/')}/{run_name}"
+    infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+    steps = [int(info.base_name.removeprefix(CHECKPOINT_PREFIX)) for info in infos
+             if info.type == pafs.FileType.Directory and info.base_name.startswith(CHECKPOINT_PREFIX)
+             and info.base_name.removeprefix(CHECKPOINT_PREFIX).isdigit()]
+    return max(steps, default=None)
+
+
+def resume_problem(plan: RunPlan, *, source: str) -> SettingProblem | None:
+    """A rerun under the same name whose checkpoint is past `max_steps` would export the old model: refuse it.
+
+    Checked in the driver before any worker starts (`train_func` checks again at resume). When the
+    storage cannot be read from here (no credentials on this machine), the workers' check stands.
+    """
+    from workloads.fsdp_finetune.train import resume_conflict
+
+    try:
+        step = latest_checkpoint_step(plan.storage_path, plan.job.run_name)
+    except Exception as exc:  # noqa: BLE001 - unreadable storage: the workers check at resume
+        print(f"note: could not list checkpoints in {plan.storage_path} ({exc}); checked at resume",
+              file=sys.stderr)
+        return None
+    conflict = None if step is None else resume_conflict(step, plan.job.max_steps, plan.job.run_name)
+    return SettingProblem(source, "max_steps", f"{conflict} (in {plan.storage_path})") if conflict else None
+
+
 def refuse(problems: list[SettingProblem]) -> None:
     """Print the problems and exit 2 (the loader's convention) when there are any."""
     if problems:
@@ -142,8 +187,6 @@ class RunPlan:
     grad_accumulation: int
     gpu_peak_tflops: float | None
     metrics_path: str | None = None
-    progress: bool = False
-    local: bool = False
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -159,7 +202,7 @@ def build_trainer(plan: RunPlan, **extra):
         resources["GPU"] = 1
     train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
-                                     metrics_path=plan.metrics_path, progress=plan.progress, **extra)
+                                     metrics_path=plan.metrics_path, **extra)
     return TorchTrainer(
         train_func,
         train_loop_config=train_config,
@@ -200,7 +243,6 @@ def local_plan(output_dir: str | os.PathLike, *, max_steps: int | None = None, a
         grad_accumulation=job.global_batch_size // (job.micro_batch_size * LOCAL_WORKERS),
         gpu_peak_tflops=None,
         metrics_path=str(out / "metrics.jsonl"),
-        local=True,
     )
     return plan, assets
 
@@ -264,6 +306,10 @@ def start_local_ray() -> None:
 
     # The preemption watcher is for cloud instances; locally it only adds start-up time and noise.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    # How often Ray Train's controller polls the workers (default 2 s): it notices reports, the
+    # end of training and failures only on a poll, so each costs up to that long. Set before
+    # ray.init so the local cluster's processes (the controller included) inherit it.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     if not ray.is_initialized():
         ray.init(num_cpus=LOCAL_WORKERS + 1, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
@@ -277,7 +323,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-dir", default="out/local", help="local mode: metrics, plot, checkpoints, model")
     parser.add_argument("--max-steps", type=int, default=None, help="override job.max_steps")
     parser.add_argument("--storage-path", default=None,
-                        help="Ray storage URI (default: s3://<bucket>/<storage.prefix>/checkpoints on the cluster, DIR locally)")
+                        help="Ray storage URI (default: s3://<bucket>/<storage.prefix>/checkpoints on the "
+                             "cluster, DIR locally)")
     return parser.parse_args(argv)
 
 
@@ -293,15 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     return _main_cluster(args, config, str(file))
 
 
-def cluster_plan(config: ClusterConfig, *, storage_path: str | None = None, max_steps: int | None = None,
+def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage_path: str | None = None,
                  bucket: str | None = None) -> RunPlan:
     """The plan of a cluster run: one worker per GPU of the variable file, checkpoints and export on S3.
 
     Without `storage_path` the checkpoints go to `config.checkpoint_uri` (the prefix the bucket's
     lifecycle rule expires) and the model to `config.export_uri` (kept); `bucket` defaults to
-    `checkpoint_bucket(config)`.
+    `checkpoint_bucket(config)`; `job` defaults to the file's job section.
     """
-    job = config.job if max_steps is None else config.job.model_copy(update={"max_steps": max_steps})
+    job = job or config.job
     if storage_path:
         storage, export = storage_path, f"{storage_path.rstrip('/')}/{job.run_name}/model"
     else:
@@ -321,8 +368,11 @@ def cluster_plan(config: ClusterConfig, *, storage_path: str | None = None, max_
 
 def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     job = config.job if args.max_steps is None else config.job.model_copy(update={"max_steps": args.max_steps})
+    # Settings first: the bucket lookup below needs AWS credentials, and a bad setting should be
+    # reported as such, not hidden behind an STS error.
     refuse(validate_job(job, world_size=config.world_size, source=file))
-    plan = cluster_plan(config, storage_path=args.storage_path, max_steps=args.max_steps)
+    plan = cluster_plan(config, job=job, storage_path=args.storage_path)
+    refuse([p for p in [resume_problem(plan, source=file)] if p])
     if config.ray.preflight:
         from workloads.preflight import run_preflight
 
@@ -342,7 +392,8 @@ def _main_local(args, config: ClusterConfig) -> int:
     plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
     if args.storage_path:
         plan.storage_path = args.storage_path
-    refuse(validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE))
+    problems = validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE)
+    refuse(problems or [p for p in [resume_problem(plan, source=LOCAL_SOURCE)] if p])
     out = Path(args.output_dir).resolve()
     print(f"local run: {plan.job.max_steps} steps of {plan.job.global_batch_size} x {plan.job.seq_len} tokens on "
           f"{plan.num_workers} CPU workers; output in {out}", flush=True)

@@ -6,7 +6,8 @@ FLOPs per token follow the PaLM paper's appendix B accounting, the usual MFU con
 
 N counts the parameters that take part in a matrix multiply (every parameter, with the input
 embedding counted only when it is tied to the LM head, since the lookup itself is not a matmul),
-L is the layer count, d the hidden size and T the sequence length; the second term is attention's
+L is the layer count, d the attention width (heads x head_dim, which is the hidden size in most
+models but not all) and T the sequence length; the second term is attention's
 QK^T and AV products (forward + backward, the full square as PaLM counts it). Recomputation under
 activation checkpointing is *not* counted: MFU measures useful work, not work done.
 
@@ -38,9 +39,10 @@ def matmul_params(model_config) -> int:
 
 
 def flops_per_token(model_config, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward), `6 N + 12 L d T`."""
+    """Training FLOPs per token (forward + backward), `6 N + 12 L d T` with d = heads x head_dim."""
     c = model_config
-    return 6.0 * matmul_params(c) + 12.0 * c.num_hidden_layers * c.hidden_size * seq_len
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 6.0 * matmul_params(c) + 12.0 * c.num_hidden_layers * c.num_attention_heads * head_dim * seq_len
 
 
 def mfu(tokens_per_s_per_device: float, model_config, seq_len: int, peak_tflops: float | None) -> float | None:

@@ -44,10 +44,18 @@ def fetch_weights(model: str, *, local_rank: int, cache_dir: str | None = None) 
 
 def _download(model: str, cache_dir: str | None, *, offline: bool = False) -> str:
     if model.startswith("s3://"):
-        return _download_s3(model, cache_dir)
+        # Offline (every rank but local rank 0): the files are in the node's cache already; only
+        # local rank 0 lists and reads the bucket.
+        return str(_s3_cache_root(model, cache_dir)) if offline else _download_s3(model, cache_dir)
     from huggingface_hub import snapshot_download
 
     return snapshot_download(model, cache_dir=cache_dir, allow_patterns=_WEIGHT_PATTERNS, local_files_only=offline)
+
+
+def _s3_cache_root(uri: str, cache_dir: str | None) -> Path:
+    """The node-local folder an `s3://bucket/prefix` model is copied into."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return Path(cache_dir or Path.home() / ".cache" / "fsdp_finetune") / "s3" / bucket / prefix.rstrip("/")
 
 
 def _download_s3(uri: str, cache_dir: str | None) -> str:
@@ -56,7 +64,7 @@ def _download_s3(uri: str, cache_dir: str | None) -> str:
 
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     prefix = prefix.rstrip("/")
-    root = Path(cache_dir or Path.home() / ".cache" / "fsdp_finetune") / "s3" / bucket / prefix
+    root = _s3_cache_root(uri, cache_dir)
     s3 = boto3.client("s3")
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
         for obj in page.get("Contents", []):
@@ -89,7 +97,25 @@ def build_model(path: str, *, attn_implementation: str, device: torch.device):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
     # The KV cache is for generation; in training it only costs memory.
     model.config.use_cache = False
+    # from_pretrained returns the model in eval mode, and Hugging Face layers only recompute under
+    # activation checkpointing when `self.training` (dropout too depends on it): train mode here.
+    model.train()
     return model
+
+
+def saved_dtype(path: str) -> torch.dtype:
+    """The dtype the model's weights were published in (`config.dtype`, bf16 for Qwen2.5); fp32 if unset.
+
+    Training keeps fp32 master weights; the exported model goes back to this dtype (half the size
+    for a bf16 model), so it loads like the original.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -103,6 +129,7 @@ def shard_model(
     device: torch.device,
     activation_checkpointing: bool = False,
     compile: bool = False,
+    reshard_after_forward: bool = True,
     mesh=None,
 ):
     """Apply activation checkpointing, per-layer compile and FSDP2 `fully_shard` (each layer, then root).
@@ -113,10 +140,17 @@ def shard_model(
     reduced in fp32; on CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls
     are slow). Activation checkpointing uses Hugging Face's per-layer implementation (non-reentrant),
     which keeps parameter names unchanged, so checkpoints and the exported model need no renaming.
-    Returns the model, sharded in place.
+    `reshard_after_forward=False` keeps each layer's gathered parameters from forward to backward
+    (no second all-gather, at the cost of holding every layer's full bf16 parameters, 3 GB for
+    1.5B): right at world size 1, where there is nothing to gather and resharding only makes
+    backward redo every layer's cast-and-copy. The root also gets the chunked loss method (`loss.install_fsdp_loss`).
+    Returns the model, sharded in place, in train mode.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from workloads.fsdp_finetune.loss import install_fsdp_loss
+
+    model.train()  # checkpointing (and dropout) only act in train mode; see build_model
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mp_policy = (
@@ -128,8 +162,9 @@ def shard_model(
         if compile:
             # In-place compile keeps the module (and its parameter names) as it is.
             layer.compile()
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    install_fsdp_loss(model)
     return model
 
 

@@ -17,19 +17,33 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
+from workloads.fsdp_finetune.data import IGNORE_INDEX
+from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
-from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, shard_model
+from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
 
 log = logging.getLogger("fsdp_finetune")
 
-IGNORE_INDEX = -100  # the data side's label for tokens outside the loss (data.IGNORE_INDEX)
+CHECKPOINT_PREFIX = "checkpoint_step_"  # checkpoint N is reported as f"{CHECKPOINT_PREFIX}{N:07d}"
+
+
+class ResumeError(RuntimeError):
+    """The run's latest checkpoint is past `job.max_steps` (a rerun with fewer steps under the same name)."""
+
+
+def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str | None:
+    """Why resuming at `checkpoint_step` cannot honour `max_steps`, or None when it can."""
+    if checkpoint_step <= max_steps:
+        return None
+    return (f"run '{run_name}' already has a checkpoint at step {checkpoint_step}, past max_steps={max_steps}; "
+            f"resuming would train nothing and export that later model. Use a new job.run_name (or another "
+            f"output/storage directory) for a shorter run, or max_steps >= {checkpoint_step} to continue it")
 
 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
-                      metrics_path: str | None = None, progress: bool = False, **extra) -> dict:
+                      metrics_path: str | None = None, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
@@ -43,7 +57,6 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
         "gpu_peak_tflops": gpu_peak_tflops,
         "export_uri": export_uri,
         "metrics_path": metrics_path,
-        "progress": progress,
         **extra,
     }
 
@@ -79,14 +92,15 @@ def build_scheduler(optimizer, job: dict) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps=warmup, max_steps=total))
 
 
-def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float, device: torch.device) -> dict:
+def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float, device: torch.device,
+               chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> dict:
     """One optimizer step over `micro_batches` (this rank's share of the global batch).
 
     The loss is the sum of token losses over the whole accumulation window on every rank,
     divided by the number of label tokens in that window across all ranks, so accumulation and
     data parallelism give exactly the gradient of one big batch, whatever the padding or prompt
     masking per micro-batch. FSDP averages gradients over ranks; the `world` factor undoes that.
-    Gradients are reduced only on the last micro-batch (FSDP2 `set_requires_gradient_sync`).
+    The loss is `loss.loss_sum` (LM head and cross-entropy in chunks of `chunk_tokens` positions).
     Returns tensors (no host sync): `loss_sum`, `label_tokens` (global), `grad_norm`, and the
     int `tokens` this rank processed.
     """
@@ -97,24 +111,21 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     if dist.is_initialized():
         dist.all_reduce(label_tokens)
     scale = world / label_tokens.clamp(min=1).to(torch.float32)
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    summed_loss = torch.zeros((), dtype=torch.float32, device=device)
     tokens = 0
-    accumulate = len(micro_batches) > 1 and hasattr(model, "set_requires_gradient_sync")
-    for i, mb in enumerate(micro_batches):
-        if accumulate:
-            model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+    # Gradients are reduce-scattered after every micro-batch (FSDP2's default), not only after the
+    # last one (`set_requires_gradient_sync(False)`): skipping the sync keeps each rank's full,
+    # unsharded fp32 gradients alive across the window, 4 bytes per parameter (6 GB for 1.5B, a
+    # quarter of an L4), while reducing every time keeps only this rank's 1/world shard, into which
+    # FSDP2 accumulates. Reduction is linear, so the sum of reduced micro-batch gradients is the
+    # reduced sum: the step is the same up to float rounding, for one extra reduce-scatter per
+    # micro-batch that overlaps the backward pass.
+    for mb in micro_batches:
         input_ids = mb["input_ids"].to(device, non_blocking=True)
         labels = mb["labels"].to(device, non_blocking=True)
-        logits = model(input_ids=input_ids).logits
-        # Labels are unshifted (position t predicts token t+1); fp32 for a stable log-softmax.
-        token_loss = F.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)).float(),
-            labels[:, 1:].reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
+        token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens)
         (token_loss * scale).backward()
-        loss_sum += token_loss.detach()
+        summed_loss += token_loss.detach()
         tokens += input_ids.numel()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
@@ -122,8 +133,8 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if dist.is_initialized():
-        dist.all_reduce(loss_sum)
-    return {"loss_sum": loss_sum, "label_tokens": label_tokens, "grad_norm": grad_norm, "tokens": tokens}
+        dist.all_reduce(summed_loss)
+    return {"loss_sum": summed_loss, "label_tokens": label_tokens, "grad_norm": grad_norm, "tokens": tokens}
 
 
 # ---- the worker ------------------------------------------------------------------------------
@@ -151,19 +162,6 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
     os._exit(1)
 
 
-def _progress_bar(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    try:  # inside a Ray worker the bar is drawn by the driver
-        from ray.experimental.tqdm_ray import tqdm
-    except ImportError:
-        from tqdm import tqdm
-    bar = tqdm(total=total, desc="train")
-    if initial:
-        bar.update(initial)
-    return bar
-
-
 def train_func(config: dict) -> None:
     """Fine-tune on this worker: build, shard, restore, train, checkpoint, report, export."""
     import ray.train
@@ -180,17 +178,20 @@ def train_func(config: dict) -> None:
     if device.type == "cpu":
         # Ray sets OMP_NUM_THREADS to the worker's CPUs; keep torch's intra-op pool to that.
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    # Same seed on every rank for anything drawn before the first checkpoint; dropout etc. then
-    # differ per rank through the offset.
+    # A different seed per rank, on purpose. Nothing that must agree across ranks draws from this
+    # generator: the weights come from the checkpoint (`from_pretrained`), and the data order from
+    # its own (seed, epoch) permutation. What does draw from it (dropout, if the model has any) should
+    # differ per rank, or every data-parallel replica would drop the same units.
     torch.manual_seed(job["seed"] + rank)
 
     path = fetch_weights(job["model"], local_rank=local_rank, cache_dir=config.get("cache_dir"))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    train_ds, _eval_records = build_datasets(_job_for_data(job), tokenizer)
+    train_ds, _ = build_datasets(_job_for_data(job), tokenizer)  # held-out records: evaluated by the driver
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
                              seed=job["seed"])
 
     model = build_model(path, attn_implementation=job["attn_implementation"], device=device)
+    export_dtype = saved_dtype(path)
     model_config = model.config
     n_params = count_params(model)
     shard_model(model, device=device, activation_checkpointing=job["activation_checkpointing"],
@@ -205,6 +206,11 @@ def train_func(config: dict) -> None:
             restored = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler,
                                        device=device)
         step = start_step = restored["step"]
+        # The driver refuses this before starting workers (launch.resume_problem) when it can read
+        # the storage; this is the backstop.
+        conflict = resume_conflict(step, job["max_steps"], job["run_name"])
+        if conflict:
+            raise ResumeError(conflict)
         batches.load_state_dict(restored["data"])
         log.info("resumed from %s at step %d", checkpoint.path, step)
     log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step",
@@ -213,7 +219,6 @@ def train_func(config: dict) -> None:
 
     metrics_log = MetricsLog(config["metrics_path"], resume_step=step) if rank == 0 and config.get(
         "metrics_path") else None
-    bar = _progress_bar(job["max_steps"], step, rank == 0 and config.get("progress", False))
     peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
     batch_iter = iter(batches)
     window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
@@ -232,8 +237,6 @@ def train_func(config: dict) -> None:
         window_loss.append(out["loss_sum"])
         window_label_tokens.append(out["label_tokens"])
         last_grad_norm = out["grad_norm"]
-        if bar is not None:
-            bar.update(1)
 
         save = step % job["checkpoint_every"] == 0 or step == job["max_steps"]
         if not (save or step % job["report_every"] == 0):
@@ -261,9 +264,7 @@ def train_func(config: dict) -> None:
         }
         if metrics_log is not None:
             metrics_log.write(metrics)
-        if bar is not None:
-            bar.set_description(f"train loss {loss:.3f}")
-        elif metrics_log is None:  # a local run's driver draws its own bar from the metrics file
+        if metrics_log is None:  # a local run's driver draws its own bar from the metrics file
             log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs", step, loss, lr,
                      metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"])
         if save:
@@ -271,15 +272,13 @@ def train_func(config: dict) -> None:
                 save_checkpoint(tmp, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
                                 data_state=batches.state_dict(), device=device)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=f"checkpoint_step_{step:07d}")
+                                 checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}")
         else:
             ray.train.report(metrics)
         window_steps, window_tokens = 0, 0
         window_loss, window_label_tokens = [], []
 
-    if bar is not None:
-        bar.close()
-    export_hf_model(model, tokenizer, config["export_uri"])
+    export_hf_model(model, tokenizer, config["export_uri"], dtype=export_dtype)
     log.info("exported the model to %s", config["export_uri"])
 
 
