@@ -124,12 +124,14 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
             raise result.error
     assert marker.exists()
     assert not os.path.exists(plan.export_uri)
-    # Same name, same storage: Ray finds the run's checkpoints and the workers resume at step 8.
+    # Same name, same storage: Ray finds the run's checkpoints and the workers resume from the last one
+    # the controller registered before the abort (step 8; step 4 if the step-8 reports were still queued).
     result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
     assert result.error is None
     records = read_metrics(plan.metrics_path)
     assert [r["step"] for r in records] == list(range(2, 13, 2))
-    assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}
+    resumed = {r["resumed_from_step"] for r in records if r["step"] > 8}
+    assert resumed in ({8}, {4})
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 
 

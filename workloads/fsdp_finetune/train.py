@@ -157,6 +157,9 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
     at, marker = config.get("fail_at_step"), config.get("fail_marker")
     if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
         return
+    # Give Ray Train's controller a few polls to take the reports already made (a checkpoint counts
+    # only once every rank's report of it is in), so the failure lands at a known point of the run.
+    time.sleep(1 + 4 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")))
     Path(marker).write_text(f"killed at step {step}\n")
     log.warning("fail_at_step=%d: rank %d exits abruptly", step, rank)
     os._exit(1)
