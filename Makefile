@@ -7,7 +7,6 @@ PYTHON ?= python3
 DEMO_DIR ?= out/demo
 DEMO_STEPS ?=
 
-export CDK8S_CHECK_UPGRADE := false
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
@@ -34,7 +33,8 @@ synth-cdk: setup
 	npx cdk synth --quiet
 
 synth-k8s: setup
-	npx cdk8s synth
+	# Set here only: the CDK CLI reads every CDK* variable as an option (--8SCheckUpgrade).
+	CDK8S_CHECK_UPGRADE=false npx cdk8s synth
 
 demo: synth
 	$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS))
