@@ -32,8 +32,8 @@ synth: synth-cdk synth-k8s
 synth-cdk: setup
 	npx cdk synth --quiet
 
+# CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup
-	# Set here only: the CDK CLI reads every CDK* variable as an option (--8SCheckUpgrade).
 	CDK8S_CHECK_UPGRADE=false npx cdk8s synth
 
 demo: synth
