@@ -2,7 +2,7 @@
 
 Reads the variable file ($CLUSTER_CONFIG, else config/cluster.yaml) through the one loader,
 builds and validates every object, and only then writes the manifests to $CDK8S_OUTDIR
-(default `dist/`), replacing it in one rename. A bad variable file, an oversized code bundle
+(default `dist/`), swapped in by renames once everything is built. A bad variable file, an oversized code bundle
 or a schema error exits non-zero with the reason and leaves no partial output behind.
 """
 

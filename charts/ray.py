@@ -37,7 +37,15 @@ from charts.models import (
     VolumeMount,
     WorkerGroupSpec,
 )
-from config.k8s import GPU_TAINT, system_node_labels, worker_pod_node_selector
+from config.k8s import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    GPU_TAINT,
+    HUGEPAGES_RESOURCE,
+    NODE_NAME_ENV,
+    system_node_labels,
+    worker_pod_node_selector,
+)
 from config.model import ClusterConfig, PodResources, WorkerGroup
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
@@ -59,8 +67,6 @@ OFI_NCCL_PLUGIN = "ofi"
 # `ray.train.report()` waits until the poll has taken the previous one. The controller reads it
 # from the job's environment (Ray Train propagates it from the driver).
 RAY_TRAIN_HEALTH_CHECK_INTERVAL_S = "1.0"
-# The node a pod runs on, from the Downward API (the preflight report names it).
-NODE_NAME_ENV = "K8S_NODE_NAME"
 
 
 def cluster_name(config: ClusterConfig) -> str:
@@ -88,13 +94,11 @@ def job_env(config: ClusterConfig) -> dict[str, str]:
 
     `CHECKPOINT_BUCKET` is empty when `storage.bucket_name` is null: the default name contains
     the AWS account id, which the workload gets from STS at run time (the pods' Pod Identity
-    credentials) and combines with `CLUSTER_NAME` and `AWS_REGION` like `config.bucket_name`.
+    credentials, in `AWS_REGION`) and passes to `config.bucket_name` of the mounted variable file.
     """
     return {
         "CLUSTER_CONFIG": bundle.CONFIG_IN_POD,
         "CHECKPOINT_BUCKET": config.storage.bucket_name or "",
-        "CHECKPOINT_PREFIX": config.storage.prefix,
-        "CLUSTER_NAME": config.cluster.name,
         "AWS_REGION": config.region,
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": RAY_TRAIN_HEALTH_CHECK_INTERVAL_S,
     }
@@ -192,12 +196,12 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
 def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBundle) -> WorkerGroupSpec:
     """One worker group: a fixed number of pods, each holding its share of a node's GPUs and EFA."""
     res = config.pod_resources[group.name]
-    amount = {"cpu": str(res.cpu), "memory": f"{res.memory_gib}Gi", "nvidia.com/gpu": str(res.gpus)}
+    amount = {"cpu": str(res.cpu), "memory": f"{res.memory_gib}Gi", GPU_RESOURCE: str(res.gpus)}
     if res.efa_devices:
-        amount["vpc.amazonaws.com/efa"] = str(res.efa_devices)
+        amount[EFA_RESOURCE] = str(res.efa_devices)
     if res.hugepages_2mi_mib:
         # libfabric's EFA provider allocates its bounce buffers from 2 MiB huge pages.
-        amount["hugepages-2Mi"] = f"{res.hugepages_2mi_mib}Mi"
+        amount[HUGEPAGES_RESOURCE] = f"{res.hugepages_2mi_mib}Mi"
     container = Container(
         name="ray-worker",
         image=config.ray.image,

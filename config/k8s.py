@@ -28,6 +28,15 @@ def cfn_taint_effect(effect: str) -> str:
     """A Kubernetes taint effect (`NoSchedule`) as an EKS node group's `Taints` writes it (`NO_SCHEDULE`)."""
     return _CFN_TAINT_EFFECTS[effect]
 
+GPU_RESOURCE = "nvidia.com/gpu"
+"""Extended resource of the NVIDIA device plugin: GPUs a pod requests."""
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+"""Extended resource of the EFA device plugin: EFA interfaces a pod requests."""
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+"""2 MiB huge pages a pod requests (libfabric's EFA bounce buffers)."""
+NODE_NAME_ENV = "K8S_NODE_NAME"
+"""Container env var holding the pod's node name (Downward API `spec.nodeName`); the preflight counts nodes by it."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Taint:

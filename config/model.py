@@ -319,7 +319,10 @@ class JobConfig(_Strict):
     input_field: str | None = Field(
         default=None, description="Optional dataset column appended to the prompt (Alpaca's `input`; None: none)."
     )
-    eval_fraction: float = Field(default=0.01, ge=0, lt=0.5, description="Fraction held out for evaluation.")
+    eval_fraction: float = Field(
+        default=0.01, ge=0, lt=0.5,
+        description="Fraction held out from training (scored before/after in --local mode; 0: none).",
+    )
     seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
     micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")
     global_batch_size: int = Field(
@@ -347,6 +350,24 @@ class JobConfig(_Strict):
     timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
     retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
     ttl_hours: float = Field(default=1, ge=0, description="Hours a finished RayJob's cluster is kept.")
+
+    def batch_problems(self, world_size: int) -> list[tuple[str, str]]:
+        """(field, message) for a batch that does not split across `world_size` ranks, or warm-up that eats
+        the run; the loader checks the cluster's world size, the workload rechecks the one it runs with."""
+        problems = []
+        per_step = self.micro_batch_size * world_size
+        if self.global_batch_size % per_step:
+            problems.append(("global_batch_size", f"{self.global_batch_size} is not a multiple of micro_batch_size x "
+                             f"world size = {self.micro_batch_size} x {world_size} = {per_step}; "
+                             f"use a multiple of {per_step}"))
+        if self.warmup_steps >= self.max_steps:
+            problems.append(("warmup_steps", f"{self.warmup_steps} warm-up steps leave none of "
+                             f"max_steps={self.max_steps}; lower job.warmup_steps"))
+        return problems
+
+    def grad_accumulation(self, world_size: int) -> int:
+        """Micro-batches per optimizer step on each of `world_size` workers."""
+        return self.global_batch_size // (self.micro_batch_size * world_size)
 
 
 class ClusterConfig(_Strict):
@@ -439,16 +460,11 @@ class ClusterConfig(_Strict):
                 add(f"ray.extra_pip_packages.{j}", f"'{requirement}' would replace the image's {name}; "
                     "remove it (the image's torch/ray/transformers/NCCL stack is tested together)")
 
-        job = self.job
-        if self.cluster.worker_groups and not problems:
-            per_step = job.micro_batch_size * self.world_size
-            if job.global_batch_size % per_step:
-                add("job.global_batch_size", f"{job.global_batch_size} is not a multiple of micro_batch_size x "
-                    f"world size = {job.micro_batch_size} x {self.world_size} = {per_step}; "
-                    f"use a multiple of {per_step}")
-        if job.warmup_steps >= job.max_steps:
-            add("job.warmup_steps", f"{job.warmup_steps} warm-up steps leave none of max_steps={job.max_steps}; "
-                "lower job.warmup_steps")
+        # The world size is derivable only once the groups themselves are valid.
+        groups_valid = not problems
+        for field, message in self.job.batch_problems(self.world_size if groups_valid else 1):
+            if groups_valid or field != "global_batch_size":
+                add(f"job.{field}", message)
         return problems
 
     def _kubectl_layer_problems(self) -> list[Problem]:
@@ -580,7 +596,7 @@ class ClusterConfig(_Strict):
     @cached_property
     def grad_accumulation(self) -> int:
         """Micro-batches per optimizer step on each worker."""
-        return self.job.global_batch_size // (self.job.micro_batch_size * self.world_size)
+        return self.job.grad_accumulation(self.world_size)
 
     @cached_property
     def gpu_peak_tflops(self) -> float:

@@ -10,7 +10,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from config import ClusterConfig, WorkerGroup
-from config.k8s import GPU_TAINT, worker_node_labels
+from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
 
 LT = ec2.CfnLaunchTemplate
 
@@ -157,5 +157,5 @@ class EfaNodeGroup(Construct):
             labels=worker_node_labels(config, group),
             taints=[eks.TaintSpec(key=GPU_TAINT.key, value=GPU_TAINT.value,
                                   effect=eks.TaintEffect[GPU_TAINT.cfn_effect])],
-            tags={"ray-efa.io/worker-group": group.name},
+            tags={WORKER_GROUP_LABEL: group.name},
         )

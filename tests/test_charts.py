@@ -356,8 +356,8 @@ def test_job_script_runs_the_workload_which_runs_preflight_itself(default):
     assert commands[-1][3:5] == ["--config", "/app/config/cluster.yaml"]
     assert "--storage-path" not in commands[-1]  # bucket name needs the account: resolved at run time
     env = _env(_container(default.cluster_spec["headGroupSpec"]["template"]))
-    assert env["CHECKPOINT_BUCKET"] == "" and env["CHECKPOINT_PREFIX"] == default.config.storage.prefix
-    assert env["AWS_REGION"] == default.config.region and env["CLUSTER_NAME"] == default.config.cluster.name
+    assert env["CHECKPOINT_BUCKET"] == "" and env["AWS_REGION"] == default.config.region
+    assert env["CLUSTER_CONFIG"] == "/app/config/cluster.yaml"
 
 
 def test_explicit_bucket_extra_pip_and_no_preflight(two_groups):

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
-from workloads.preflight.checks import EFA_RESOURCE as EFA
-from workloads.preflight.checks import GPU_RESOURCE as GPU
+from config.k8s import EFA_RESOURCE as EFA
+from config.k8s import GPU_RESOURCE as GPU
 from workloads.preflight.report import MARKER, table
 
 NODE_TYPE_LABEL = "ray.io/node-type"

@@ -304,7 +304,8 @@ def _check_hub_dataset(job, split_base: str) -> None:
 # ---- formatting and tokenization ------------------------------------------------------------
 
 
-def _render(tokenizer, instruction: str, response: str | None) -> str:
+def render_chat(tokenizer, instruction: str, response: str | None) -> str:
+    """The chat-template text of one turn; with `response=None`, the prompt the model answers (training and eval)."""
     messages = [{"role": "user", "content": instruction}]
     if response is None:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -318,8 +319,8 @@ def tokenize_examples(
     """`tokenize_example` for many (instruction, response) pairs, tokenizing in one batched call."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise JobSettingError("model", "the tokenizer has no chat_template; use a model whose tokenizer has one")
-    prompts = [_render(tokenizer, i, None) for i, _ in pairs]
-    fulls = [_render(tokenizer, i, r) for i, r in pairs]
+    prompts = [render_chat(tokenizer, i, None) for i, _ in pairs]
+    fulls = [render_chat(tokenizer, i, r) for i, r in pairs]
     # The template already writes any BOS/special tokens as text: add none on top.
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if pairs else []
     full_ids = tokenizer(fulls, add_special_tokens=False)["input_ids"] if pairs else []

@@ -1,7 +1,7 @@
 """Held-out evaluation: greedy exact match and response-token loss, on a plain (unsharded) model.
 
-Used before and after training in local mode and by the cluster job on rank 0 with a gathered
-copy of the weights. Prompts are rendered with the same chat template as training
+Used before and after training in local mode (the cluster run reports training metrics only;
+score its exported model with this module). Prompts are rendered with the same chat template as training
 (`data.tokenize_example`), so the scores measure what was trained.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from workloads.fsdp_finetune.data import IGNORE_INDEX, tokenize_examples
+from workloads.fsdp_finetune.data import IGNORE_INDEX, render_chat, tokenize_examples
 from workloads.fsdp_finetune.loss import loss_sum
 
 # The generation stops at whichever of these the tokenizer knows: ChatML's end of turn
@@ -82,10 +82,7 @@ def evaluate(
 
 def _generate(model, tokenizer, instructions: list[str], device, max_new_tokens: int) -> list[str]:
     """Greedy answers for a batch of prompts, cut at the first stop token."""
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": i}], tokenize=False, add_generation_prompt=True)
-        for i in instructions
-    ]
+    prompts = [render_chat(tokenizer, i, None) for i in instructions]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # Left padding: every prompt then ends at the same column and generation appends after it.

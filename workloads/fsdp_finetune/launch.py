@@ -36,7 +36,7 @@ LOCAL_SOURCE = "local job"
 def local_job(assets, **overrides) -> JobConfig:
     """The embedded job of `--local`: sized to finish in about two minutes on two CPU cores.
 
-    The tiny model (0.2M parameters) learns single-digit addition in ChatML from 4,000 generated
+    The tiny model (~0.33M parameters) learns single-digit addition in ChatML from 4,000 generated
     examples: 2 workers x micro-batch 8 x 2 accumulation steps = 32 sequences of 128 tokens per step
     (~4,000 tokens, ~120 answers), a high learning rate because the model starts from random
     weights, and a checkpoint every third of the run.
@@ -96,16 +96,7 @@ def validate_job(job: JobConfig, *, world_size: int, source: str) -> list[Settin
     """
     from workloads.fsdp_finetune.data import JobSettingError, check_dataset
 
-    problems = []
-    per_step = job.micro_batch_size * world_size
-    if job.global_batch_size % per_step:
-        problems.append(SettingProblem(source, "global_batch_size",
-                                       f"{job.global_batch_size} is not a multiple of micro_batch_size x world size = "
-                                       f"{job.micro_batch_size} x {world_size} = {per_step}; use a multiple of "
-                                       f"{per_step}"))
-    if job.warmup_steps >= job.max_steps:
-        problems.append(SettingProblem(source, "warmup_steps",
-                                       f"{job.warmup_steps} warm-up steps leave none of max_steps={job.max_steps}"))
+    problems = [SettingProblem(source, field, message) for field, message in job.batch_problems(world_size)]
     if job.attn_implementation == "flash_attention_2" and source == LOCAL_SOURCE:
         problems.append(SettingProblem(source, "attn_implementation", "flash_attention_2 needs a GPU; use sdpa"))
     try:
@@ -240,7 +231,7 @@ def local_plan(output_dir: str | os.PathLike, *, max_steps: int | None = None, a
         num_workers=LOCAL_WORKERS,
         use_gpu=False,
         cpus_per_worker=1,
-        grad_accumulation=job.global_batch_size // (job.micro_batch_size * LOCAL_WORKERS),
+        grad_accumulation=job.grad_accumulation(LOCAL_WORKERS),
         gpu_peak_tflops=None,
         metrics_path=str(out / "metrics.jsonl"),
     )

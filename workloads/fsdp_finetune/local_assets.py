@@ -55,7 +55,7 @@ def make_arithmetic_records(n: int, seed: int, *, max_operand: int = 9) -> list[
     """`n` addition questions `{"instruction": "What is 3 + 4?", "response": "7"}`, deterministic in `seed`.
 
     Operands are drawn from 0..`max_operand`. The default (single digits: 100 facts, answers of
-    one or two digits) is what a ~0.5M-parameter model visibly learns within a minute on two CPU
+    one or two digits) is what a ~0.33M-parameter model visibly learns within a minute on two CPU
     cores; raise it for a harder task. Several phrasings keep the prompt from being a constant.
     """
     if n < 0:

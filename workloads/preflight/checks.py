@@ -17,13 +17,15 @@ import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL
+from config.k8s import (
+    EFA_PRESENT_LABEL,
+    EFA_RESOURCE,
+    GPU_PRESENT_LABEL,
+    GPU_RESOURCE,
+    HUGEPAGES_RESOURCE,
+    NODE_NAME_ENV,
+)
 
-# config/k8s.py holds node labels and taints but not the extended resource names; these are the one
-# definition (workloads.verify imports them).
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPU_RESOURCE = "nvidia.com/gpu"
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
 # The pod's hugetlb cgroup limit for 2 MiB pages (bytes, or "max"): kubelet sets it from the
 # container's hugepages-2Mi limit, and to 0 when the pod requests none, whatever the node has free.
 HUGETLB_FILES = (
@@ -243,7 +245,7 @@ def check_hugepages(meminfo: str, required_mib: int, *, cgroup_limit: str | None
     and libfabric's mmap fails. `cgroup_limit` is the text of `cgroup_file` (None: not readable, the
     node figure alone decides).
     """
-    name = "hugepages-2Mi"
+    name = HUGEPAGES_RESOURCE
     if required_mib <= 0:
         return skipped(name, "not needed without EFA")
     info = parse_meminfo(meminfo)
@@ -363,7 +365,7 @@ def find_plugins(extra_dirs: tuple[str, ...] = ()) -> list[str]:
 
 def node_name(hostname: str) -> str:
     """The node this pod runs on: env K8S_NODE_NAME (the charts set it from spec.nodeName), else `hostname`."""
-    return os.environ.get("K8S_NODE_NAME") or hostname
+    return os.environ.get(NODE_NAME_ENV) or hostname
 
 
 def read_hugetlb_limit(files: tuple[str, ...] = HUGETLB_FILES) -> tuple[str | None, str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from workloads.preflight.checks import CheckResult
 from workloads.preflight.nccl_log import NcclNetwork
-from workloads.preflight.probe import MIB, BandwidthRow
+from workloads.preflight.probe import FLOOR_MIN_SIZE, MIB, BandwidthRow
 
 MARKER = "PREFLIGHT_RESULT"
 """Prefix of the one JSON line `run_preflight` writes to stderr; `python -m workloads.verify` reads it
@@ -147,7 +147,7 @@ class PreflightReport:
             )
             if self.floor_gbs is not None:
                 lines.append(f"  floor: all_reduce busbw >= {self.floor_gbs:.2f} GB/s at the largest size "
-                             "(EFA, >= 2 nodes, >= 64 MiB)")
+                             f"(EFA, >= 2 nodes, >= {FLOOR_MIN_SIZE // MIB} MiB)")
         else:
             lines.append("  (no measurements)")
         return "\n".join(lines)
