@@ -19,6 +19,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -34,13 +35,7 @@ TRAINER_FILE = "trainer_{rank}.pt"
 
 def rng_state(device: torch.device) -> dict:
     """Every random generator the training step may draw from on this rank."""
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:  # numpy is optional for the step itself
-        pass
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": np.random.get_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -50,10 +45,7 @@ def set_rng_state(state: dict, device: torch.device) -> None:
     """Restore what `rng_state` captured."""
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -126,15 +118,19 @@ def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | 
         dist.barrier()
 
 
+def filesystem(location: str):
+    """(pyarrow filesystem, path) for a local path or a URI pyarrow understands (s3://...)."""
+    import pyarrow.fs as pafs
+
+    if "://" in location:
+        return pafs.FileSystem.from_uri(location)
+    return pafs.LocalFileSystem(), str(Path(location).resolve())
+
+
 def copy_tree(local_dir: str, destination: str) -> None:
     """Copy a local folder to a local path or a URI (s3://...), replacing files of the same name."""
     import pyarrow.fs as pafs
 
-    if "://" not in destination:
-        Path(destination).mkdir(parents=True, exist_ok=True)
-        destination = str(Path(destination).resolve())
-        fs, path = pafs.LocalFileSystem(), destination
-    else:
-        fs, path = pafs.FileSystem.from_uri(destination)
+    fs, path = filesystem(destination)
     fs.create_dir(path, recursive=True)
     pafs.copy_files(local_dir, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

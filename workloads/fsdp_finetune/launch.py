@@ -114,12 +114,10 @@ def latest_checkpoint_step(storage_path: str, run_name: str) -> int | None:
     """
     import pyarrow.fs as pafs
 
+    from workloads.fsdp_finetune.checkpoint import filesystem
     from workloads.fsdp_finetune.train import CHECKPOINT_PREFIX
 
-    if "://" in storage_path:
-        fs, root = pafs.FileSystem.from_uri(storage_path)
-    else:
-        fs, root = pafs.LocalFileSystem(), str(Path(storage_path).resolve())
+    fs, root = filesystem(storage_path)
     run_dir = f"{root.rstrip('/')}/{run_name}"
     infos = fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
     steps = [int(info.base_name.removeprefix(CHECKPOINT_PREFIX)) for info in infos

@@ -130,7 +130,6 @@ def shard_model(
     activation_checkpointing: bool = False,
     compile: bool = False,
     reshard_after_forward: bool = True,
-    mesh=None,
 ):
     """Apply activation checkpointing, per-layer compile and FSDP2 `fully_shard` (each layer, then root).
 
@@ -162,8 +161,8 @@ def shard_model(
         if compile:
             # In-place compile keeps the module (and its parameter names) as it is.
             layer.compile()
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
     install_fsdp_loss(model)
     return model
 

@@ -187,7 +187,7 @@ def train_func(config: dict) -> None:
     # differ per rank, or every data-parallel replica would drop the same units.
     torch.manual_seed(job["seed"] + rank)
 
-    path = fetch_weights(job["model"], local_rank=local_rank, cache_dir=config.get("cache_dir"))
+    path = fetch_weights(job["model"], local_rank=local_rank)
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_ds, _ = build_datasets(_job_for_data(job), tokenizer)  # held-out records: scored by the local driver
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],

@@ -10,7 +10,16 @@ from workloads.preflight.checks import CheckResult
 from workloads.preflight.nccl_log import NcclNetwork, parse_nccl_log
 from workloads.preflight.probe import BandwidthRow
 from workloads.preflight.report import MARKER, PreflightReport, WorkerReport
-from workloads.preflight.runner import run_preflight
+
+
+def __getattr__(name: str):
+    # The runner pulls in Ray Train and the training launcher; `workloads.verify` needs neither.
+    if name == "run_preflight":
+        from workloads.preflight.runner import run_preflight
+
+        return run_preflight
+    raise AttributeError(name)
+
 
 __all__ = [
     "MARKER",

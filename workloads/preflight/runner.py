@@ -93,7 +93,7 @@ def _worker_loop(cfg: dict) -> None:
 
     rows: list[BandwidthRow] = []
     note = ""
-    if failing and not cfg["probe_on_failure"]:
+    if failing:
         # A half-configured EFA path can hang NCCL rather than fail; stop at the checks.
         note = f"skipped: checks failed on rank(s) {', '.join(map(str, failing))}"
     else:
@@ -130,17 +130,21 @@ def _default_sizes(local: bool, max_size: int | None) -> list[int]:
     return doubling_sizes(DEFAULT_MIN_SIZE, max(top, DEFAULT_MIN_SIZE))
 
 
-def run_preflight(config, *, local: bool, expect_transport: str | None = None, sizes: list[int] | None = None,
-                  max_size: int | None = None, warmup: int = 2, iters: int = 5, probe_on_failure: bool = False,
-                  marker: bool = True) -> PreflightReport:
+# Warm-up, then timed iterations per size (the default of `--iters`), as nccl-tests does.
+WARMUP_ITERS = 2
+TIMED_ITERS = 5
+
+
+def run_preflight(config, *, local: bool, expect_transport: str | None = None,
+                  max_size: int | None = None, iters: int = TIMED_ITERS) -> PreflightReport:
     """Run the per-worker checks and the collective probe as a Ray Train job; return the report.
 
     `local`: 2 CPU workers over gloo on the local (or already initialised) Ray cluster; otherwise
     `config.world_size` GPU workers over NCCL with the training workers' resources. `expect_transport`
     defaults to `config.nccl.transport` on a cluster and to none locally; with `efa` the EFA checks,
-    the NCCL-network check and the bandwidth floor apply. `sizes` (bytes) overrides the doubling
-    sequence 1 MiB..`max_size` (1 GiB, or 16 MiB locally). When `marker`, a `PREFLIGHT_RESULT {...}`
-    line goes to stderr for `python -m workloads.verify`.
+    the NCCL-network check and the bandwidth floor apply. Sizes double from 1 MiB to `max_size`
+    (1 GiB, or 16 MiB locally). A `PREFLIGHT_RESULT {...}` line goes to stderr for
+    `python -m workloads.verify`.
     """
     import ray
     from ray.train import RunConfig, ScalingConfig
@@ -150,7 +154,7 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None, s
     efa = expect == "efa"
     world = LOCAL_WORKERS if local else config.world_size
     backend = "gloo" if local else "nccl"
-    size_list = sorted(sizes) if sizes else _default_sizes(local, max_size)
+    size_list = _default_sizes(local, max_size)
     if not ray.is_initialized():
         if local:
             start_local_ray()
@@ -163,7 +167,7 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None, s
     trainer = TorchTrainer(
         _worker_loop,
         train_loop_config={"expect": expectation(config, local=local, efa=efa), "local": local, "sizes": size_list,
-                           "warmup": warmup, "iters": iters, "probe_on_failure": probe_on_failure,
+                           "warmup": WARMUP_ITERS, "iters": iters,
                            "collector": collector},
         scaling_config=scaling,
         torch_config=TorchConfig(backend=backend, timeout_s=600),
@@ -180,8 +184,7 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None, s
         report.error = report.error or "no worker reported back"
     else:
         assemble_report(report, payload, config=config, efa=efa, local=local)
-    if marker:
-        print(report.marker_line(), file=sys.stderr, flush=True)
+    print(report.marker_line(), file=sys.stderr, flush=True)
     return report
 
 
