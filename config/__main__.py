@@ -12,7 +12,7 @@ from config.model import ClusterConfig
 
 
 def plan(config: ClusterConfig) -> str:
-    """A short human summary: nodes, GPUs, world size, EFA, pod resources and cost."""
+    """A short human summary: nodes, GPUs, world size, EFA, pod resources, autoscaling and cost idle / running."""
     lines = [f"cluster {config.cluster.name} in {config.region} (GPU nodes in {config.gpu_availability_zone}), "
              f"EKS {config.cluster.kubernetes_version}, transport {config.nccl.transport}"]
     system = config.cluster.system_nodes
@@ -23,14 +23,21 @@ def plan(config: ClusterConfig) -> str:
         itype = config.instance(group)
         res = config.pod_resources[group.name]
         lines.append(
-            f"  {group.name}: {group.nodes} x {group.instance_type} ({group.capacity}), {itype.gpus} x "
+            f"  {group.name}: {group.nodes} x {group.instance_type} ({group.capacity}; node group "
+            f"min/desired/max {config.group_min(group)}/{config.group_desired(group)}/{config.group_max(group)}), "
+            f"{itype.gpus} x "
             f"{itype.gpu_model} per node, {config.pods_per_node(group)} pod(s)/node, {config.pods(group)} pods; "
             f"per pod {res.gpus} GPU, {res.cpu} CPU, {res.memory_gib} GiB, /dev/shm {res.shm_gib} GiB "
             f"(object store {_gib(res.object_store_mib)} GiB), EFA {res.efa_devices}, "
             f"hugepages-2Mi {res.hugepages_2mi_mib} MiB")
     lines.append(f"  world size {config.world_size} (one Ray Train worker per GPU, {config.cpus_per_worker} CPU each), "
                  f"gradient accumulation {config.grad_accumulation}")
-    lines.append(f"  on-demand cost ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
+    scaler = (f"Cluster Autoscaler on, idle GPU nodes removed after {config.autoscaling.scale_down_minutes} min"
+              if config.autoscaling.enabled else "Cluster Autoscaler off, fixed node groups")
+    lines.append(f"  {scaler}")
+    lines.append(f"  on-demand cost: idle ${config.idle_cost_per_hour:.2f}/hour (control plane, NAT, system nodes"
+                 f"{', GPU minimum' if any(config.group_min(g) for g in config.cluster.worker_groups) else ''}), "
+                 f"while a job runs ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
     return "\n".join(lines)
 
 

@@ -155,8 +155,10 @@ class WorkerGroup(_Strict):
         pattern=r"^[a-z][a-z0-9-]{0,30}$",
     )
     instance_type: str = Field(description="EC2 GPU instance type (catalog).")
-    nodes: int = Field(description="Desired node count, nodes; also the Ray pods' node count.")
-    min_nodes: int | None = Field(default=None, description="Node group minimum, nodes (default: nodes).")
+    nodes: int = Field(description="Nodes a job runs on (the Ray worker pods' node count), nodes; also the node "
+                       "group maximum unless max_nodes is set.")
+    min_nodes: int | None = Field(default=None, description="Node group minimum, nodes (default: 0 with autoscaling "
+                                  "enabled, so the group is empty while idle; else nodes).")
     max_nodes: int | None = Field(default=None, description="Node group maximum, nodes (default: nodes).")
     gpus_per_pod: int = Field(description="GPUs per Ray worker pod; must divide the instance's GPUs.")
     capacity: Literal["on_demand", "spot", "capacity_block"] = Field(
@@ -173,15 +175,19 @@ class WorkerGroup(_Strict):
         default=300, ge=100, description="Root volume, GiB (the DLC image is many GB; NVMe takes it where present)."
     )
 
-    @property
-    def effective_min(self) -> int:
-        """Node group minimum size, nodes."""
-        return self.nodes if self.min_nodes is None else self.min_nodes
 
-    @property
-    def effective_max(self) -> int:
-        """Node group maximum size, nodes."""
-        return self.nodes if self.max_nodes is None else self.max_nodes
+class AutoscalingConfig(_Strict):
+    """Cluster Autoscaler for the GPU node groups (scale from and to zero)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Run the Cluster Autoscaler: GPU groups start at min_nodes (0 by default) and grow when Ray "
+                    "worker pods are Pending (false: fixed groups of `nodes`).",
+    )
+    scale_down_minutes: int = Field(
+        default=10, ge=1, le=1440,
+        description="Minutes a GPU node must be unneeded (no Ray pod) before the autoscaler removes it, minutes.",
+    )
 
 
 class ClusterSection(_Strict):
@@ -381,6 +387,8 @@ class ClusterConfig(_Strict):
     )
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC settings.")
     cluster: ClusterSection = Field(description="EKS cluster and node groups.")
+    autoscaling: AutoscalingConfig = Field(default_factory=AutoscalingConfig,
+                                           description="Cluster Autoscaler for the GPU node groups.")
     nccl: NcclConfig = Field(default_factory=NcclConfig, description="NCCL transport.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray, KubeRay and image.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Checkpoint storage.")
@@ -492,7 +500,7 @@ class ClusterConfig(_Strict):
             add(f"{base}.nodes", "must be at least 1")
         if group.min_nodes is not None and group.min_nodes < 0:
             add(f"{base}.min_nodes", "must be 0 or more")
-        if group.effective_max < max(group.nodes, 1) or group.effective_min > group.nodes:
+        if self.group_max(group) < max(group.nodes, 1) or self.group_min(group) > group.nodes:
             add(f"{base}.max_nodes", "need min_nodes <= nodes <= max_nodes")
         if group.capacity == "capacity_block" and not group.capacity_reservation_id:
             add(f"{base}.capacity_reservation_id", "capacity_block needs the reservation id (cr-...)")
@@ -536,6 +544,26 @@ class ClusterConfig(_Strict):
     def system_instance(self) -> InstanceType:
         """Catalog entry of the system node group."""
         return load_catalog().instances[self.cluster.system_nodes.instance_type]
+
+    def group_min(self, group: WorkerGroup) -> int:
+        """Node group minimum, nodes: `min_nodes`, else 0 under the autoscaler, else `nodes`."""
+        if group.min_nodes is not None:
+            return group.min_nodes
+        return 0 if self.autoscaling.enabled else group.nodes
+
+    def group_max(self, group: WorkerGroup) -> int:
+        """Node group maximum, nodes: `max_nodes`, else `nodes`."""
+        return group.nodes if group.max_nodes is None else group.max_nodes
+
+    def group_desired(self, group: WorkerGroup) -> int:
+        """Node group desired size at deploy time, nodes.
+
+        The minimum under the autoscaler (it raises the size when Ray worker pods are Pending) and for a
+        capacity block (no instance can launch before the block starts); else `nodes`.
+        """
+        if self.autoscaling.enabled or group.capacity == "capacity_block":
+            return self.group_min(group)
+        return group.nodes
 
     def pods_per_node(self, group: WorkerGroup) -> int:
         """Ray worker pods on each node of the group."""
@@ -620,11 +648,19 @@ class ClusterConfig(_Strict):
         return f"s3://{bucket}/{self.storage.export_prefix}{self.job.run_name}"
 
     @cached_property
+    def idle_cost_per_hour(self) -> float:
+        """On-demand cost with no job running, USD per hour: control plane, NAT, system nodes and each GPU group's
+        minimum (0 nodes under the autoscaler by default)."""
+        fixed = self.system_instance.usd_per_hour * self.cluster.system_nodes.nodes
+        fixed += EKS_CONTROL_PLANE_USD_PER_HOUR + NAT_GATEWAY_USD_PER_HOUR * self.network.nat_gateways
+        return fixed + sum(self.instance(g).usd_per_hour * self.group_min(g) for g in self.cluster.worker_groups)
+
+    @cached_property
     def cost_per_hour(self) -> float:
-        """On-demand cost of everything running, USD per hour (nodes, control plane, NAT)."""
-        nodes = sum(self.instance(g).usd_per_hour * g.nodes for g in self.cluster.worker_groups)
-        nodes += self.system_instance.usd_per_hour * self.cluster.system_nodes.nodes
-        return nodes + EKS_CONTROL_PLANE_USD_PER_HOUR + NAT_GATEWAY_USD_PER_HOUR * self.network.nat_gateways
+        """On-demand cost while a job runs, USD per hour: the idle cost plus each GPU group up to `nodes`."""
+        extra = sum(self.instance(g).usd_per_hour * max(0, g.nodes - self.group_min(g))
+                    for g in self.cluster.worker_groups)
+        return self.idle_cost_per_hour + extra
 
 
 def _allocatable(itype: InstanceType) -> tuple[int, int]:

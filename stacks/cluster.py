@@ -11,6 +11,7 @@ from constructs import Construct
 
 from config import ClusterConfig
 from config.k8s import system_node_labels
+from stacks.autoscaler import ClusterAutoscaler
 from stacks.efa_nodegroup import EfaNodeGroup
 from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
 from stacks.versions import kubectl_layer
@@ -95,6 +96,7 @@ class ClusterStack(cdk.Stack):
             disk_size=system.disk_gib,
             subnets=private,
             labels=system_node_labels(),
+            enable_node_auto_repair=True,
         )
         self.gpu_nodegroups: dict[str, EfaNodeGroup] = {
             group.name: EfaNodeGroup(self, f"Workers-{group.name}", cluster=self.cluster, config=config, group=group)
@@ -110,6 +112,11 @@ class ClusterStack(cdk.Stack):
         self.addons["coredns"].node.add_dependency(self.system_nodegroup)
         if section.cloudwatch_observability:
             self._cloudwatch_observability()
+        # The node monitoring agent reports GPU (XID, NVML), kernel, network and storage faults as node
+        # conditions; node auto-repair (on every node group) acts on them.
+        self.addons["eks-node-monitoring-agent"] = eks.Addon(
+            self, "Addon-eks-node-monitoring-agent", cluster=self.cluster, addon_name="eks-node-monitoring-agent")
+        self.addons["eks-node-monitoring-agent"].node.add_dependency(self.system_nodegroup)
 
         # Operators before their users: the device plugins and KubeRay need CoreDNS and a node to
         # run on; the Ray objects that use KubeRay's CRDs are applied after this stack (cdk8s).
@@ -117,8 +124,13 @@ class ClusterStack(cdk.Stack):
         self.efa_device_plugin = (EfaDevicePlugin(self, "EfaDevicePlugin", cluster=self.cluster, config=config)
                                   if config.nccl.transport == "efa" else None)
         self.kuberay = KubeRayOperator(self, "KubeRayOperator", cluster=self.cluster, config=config)
+        self.autoscaler = (ClusterAutoscaler(self, "ClusterAutoscaler", cluster=self.cluster, config=config)
+                           if config.autoscaling.enabled else None)
+        if self.autoscaler:
+            self.autoscaler.association.node.add_dependency(self.addons["eks-pod-identity-agent"])
         for chart in [self.nvidia_device_plugin.chart, self.kuberay.chart,
-                      *([self.efa_device_plugin.chart] if self.efa_device_plugin else [])]:
+                      *([self.efa_device_plugin.chart] if self.efa_device_plugin else []),
+                      *([self.autoscaler.chart] if self.autoscaler else [])]:
             chart.node.add_dependency(self.system_nodegroup)
             chart.node.add_dependency(self.addons["coredns"])
 
@@ -129,7 +141,10 @@ class ClusterStack(cdk.Stack):
         cdk.CfnOutput(self, "GpuAvailabilityZone", value=config.gpu_availability_zone,
                       description="The AZ all GPU nodes run in.")
         cdk.CfnOutput(self, "OnDemandUsdPerHour", value=f"{config.cost_per_hour:.2f}",
-                      description="List price of everything running, USD per hour (nodes, control plane, NAT).")
+                      description="List price while a job runs, USD per hour (nodes, control plane, NAT).")
+        cdk.CfnOutput(self, "IdleUsdPerHour", value=f"{config.idle_cost_per_hour:.2f}",
+                      description="List price with no job running, USD per hour (control plane, NAT, system nodes, "
+                                  "GPU group minimums).")
 
     @property
     def nodegroups(self) -> list[eks.Nodegroup]:

@@ -11,6 +11,7 @@ from constructs import Construct
 
 from config import ClusterConfig, WorkerGroup
 from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
+from stacks.asg_tags import AsgTags, discovery_tags, node_template_tags
 
 LT = ec2.CfnLaunchTemplate
 
@@ -27,40 +28,48 @@ _ROOT_DEVICE = "/dev/xvda"
 def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT.NetworkInterfaceProperty]:
     """Launch-template interfaces for `count` EFA devices, one per network card.
 
-    Card 0 carries the primary interface, which must also carry IP traffic (`efa`); every other
-    card gets an `efa-only` interface, which takes no IP address from the subnet, so a p5's 32
-    devices do not use up 31 more pod addresses per node.
+    One card (g6.12xlarge): a single `efa` interface (EFA with ENA) at card 0 / device 0, which also
+    carries the node's IP traffic.
+
+    Several cards (p4d.24xlarge: 4, p5en.48xlarge: 16, p5.48xlarge: 32) as the current EC2 guide lays
+    them out ("Maximize network bandwidth on Amazon EC2 instances with multiple network cards",
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the primary interface
+    at card 0 / device 0 is a plain ENA `interface` (an EFA-only interface cannot be primary); card 0's
+    EFA is an `efa-only` interface at device 1; every further card gets an `efa-only` interface at
+    device 0. `efa-only` interfaces take no subnet address, so the 32 devices of a p5 do not use up
+    pod IPs; the node has `count` EFA devices and one ENA interface.
     """
-    return [
-        LT.NetworkInterfaceProperty(
-            device_index=0 if card == 0 else 1,
-            network_card_index=card,
-            interface_type="efa" if card == 0 else "efa-only",
-            groups=security_group_ids,
-            delete_on_termination=True,
-        )
-        for card in range(count)
-    ]
+    def interface(card: int, device: int, kind: str) -> LT.NetworkInterfaceProperty:
+        return LT.NetworkInterfaceProperty(device_index=device, network_card_index=card, interface_type=kind,
+                                           groups=security_group_ids, delete_on_termination=True)
+
+    if count == 1:
+        return [interface(0, 0, "efa")]
+    return [interface(0, 0, "interface"), interface(0, 1, "efa-only"),
+            *(interface(card, 0, "efa-only") for card in range(1, count))]
 
 
-def node_user_data(*, nvme: bool, hugepages: int) -> str:
+def node_user_data(*, nvme: bool, hugepages: int, fast_image_pull: bool = True) -> str:
     """MIME multi-part user data for AL2023 nodeadm, merged by EKS with its own bootstrap part.
 
     `nvme`: put containerd and kubelet on the instance-store NVMe as RAID0 (the DLC image is many
     GB; pulling it onto NVMe is faster and keeps it off the root volume). `hugepages`: 2 MiB pages
     to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`.
+    `fast_image_pull`: nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI), which
+    switches containerd to the SOCI snapshotter in parallel mode: an image's layers download over
+    several connections and unpack concurrently instead of one after another. It is not lazy
+    loading (images are still pulled whole before a container starts, no SOCI index needed), and
+    nodeadm ignores it on instances below its CPU/memory threshold.
     """
     parts = []
+    spec: dict[str, str] = {}
+    if fast_image_pull:
+        spec["featureGates"] = "  featureGates:\n    FastImagePull: true\n"
     if nvme:
-        parts.append(("application/node.eks.aws", textwrap.dedent("""\
-            ---
-            apiVersion: node.eks.aws/v1alpha1
-            kind: NodeConfig
-            spec:
-              instance:
-                localStorage:
-                  strategy: RAID0
-            """)))
+        spec["instance"] = "  instance:\n    localStorage:\n      strategy: RAID0\n"
+    if spec:
+        parts.append(("application/node.eks.aws", "---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
+                      "spec:\n" + "".join(spec[k] for k in sorted(spec))))
     if hugepages:
         # libfabric's EFA provider registers its bounce buffers in huge pages; kubelet only
         # reports pages that exist when it starts, and nodeadm starts it after this script.
@@ -148,9 +157,14 @@ class EfaNodeGroup(Construct):
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number),
             capacity_type=_CAPACITY[group.capacity],
-            min_size=group.effective_min,
-            desired_size=group.nodes,
-            max_size=group.effective_max,
+            # Under the autoscaler: empty while idle (min 0 by default), up to `nodes` for a job.
+            min_size=config.group_min(group),
+            desired_size=config.group_desired(group),
+            max_size=config.group_max(group),
+            # EKS replaces a node the monitoring agent reports unhealthy (e.g. AcceleratedHardwareReady
+            # false after a GPU XID error, NetworkingReady false).
+            enable_node_auto_repair=True,
+            max_unavailable=1,
             # One subnet, in the GPU AZ: a cluster placement group cannot span AZs.
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
                                         availability_zones=[config.gpu_availability_zone]),
@@ -159,3 +173,11 @@ class EfaNodeGroup(Construct):
                                   effect=eks.TaintEffect[GPU_TAINT.cfn_effect])],
             tags={WORKER_GROUP_LABEL: group.name},
         )
+        # MINIMAL: a launch-template or AMI update terminates a node before launching its replacement,
+        # so it never needs a spare GPU instance (a capacity block or a full placement group has none).
+        # aws_eks_v2's Nodegroup has no property for the strategy, hence the override.
+        cfn = self.nodegroup.node.default_child
+        cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
+        self.asg_tags = (AsgTags(self, "AsgTags", cluster=cluster, nodegroup=self.nodegroup,
+                                 tags={**discovery_tags(config.cluster.name), **node_template_tags(config, group)})
+                         if config.autoscaling.enabled else None)

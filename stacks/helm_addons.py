@@ -13,7 +13,7 @@ from stacks.versions import EFA_DEVICE_PLUGIN, NVIDIA_DEVICE_PLUGIN, ChartPin, k
 _HELM_TIMEOUT = cdk.Duration.minutes(15)
 
 
-def _chart(scope: Construct, cluster: eks.ICluster, pin: ChartPin, values: dict) -> eks.HelmChart:
+def pinned_chart(scope: Construct, cluster: eks.ICluster, pin: ChartPin, values: dict) -> eks.HelmChart:
     return eks.HelmChart(
         scope, "Chart", cluster=cluster, chart=pin.chart, repository=pin.repository, version=pin.version,
         release=pin.release, namespace=pin.namespace, create_namespace=True, values=values,
@@ -32,7 +32,7 @@ class NvidiaDevicePlugin(Construct):
             "nodeSelector": {GPU_PRESENT_LABEL: "true"},
             "tolerations": [GPU_TAINT.toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
         }
-        self.chart = _chart(self, cluster, NVIDIA_DEVICE_PLUGIN, self.values)
+        self.chart = pinned_chart(self, cluster, NVIDIA_DEVICE_PLUGIN, self.values)
 
 
 class EfaDevicePlugin(Construct):
@@ -48,7 +48,7 @@ class EfaDevicePlugin(Construct):
             # type the chart's list lags behind on still gets the plugin.
             "supportedInstanceLabels": {"keys": ["node.kubernetes.io/instance-type"], "values": efa_types},
         }
-        self.chart = _chart(self, cluster, EFA_DEVICE_PLUGIN, self.values)
+        self.chart = pinned_chart(self, cluster, EFA_DEVICE_PLUGIN, self.values)
 
 
 class KubeRayOperator(Construct):
@@ -58,4 +58,4 @@ class KubeRayOperator(Construct):
         super().__init__(scope, id, **kwargs)
         self.pin = kuberay_operator(config.ray.kuberay_version)
         self.values = {"nodeSelector": system_node_labels()}
-        self.chart = _chart(self, cluster, self.pin, self.values)
+        self.chart = pinned_chart(self, cluster, self.pin, self.values)

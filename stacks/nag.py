@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from stacks.assembly import ProjectStacks
 
 _PACK = "AwsSolutions"
+# The construct id CDK gives AwsCustomResource's singleton provider function in a stack.
+_AWS_CUSTOM_RESOURCE_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
 _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly")
 
 
@@ -45,6 +47,7 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
                         f"{policy} is one of the three policies EKS documents for managed node group roles; "
                         "pods get their own AWS access through Pod Identity, not through the node role.")
     _acknowledge_kubectl_provider(stacks)
+    _acknowledge_autoscaling(stacks)
 
     if stacks.cluster.node.try_find_child("CloudWatchAgentRole"):
         acknowledge(stacks.cluster.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
@@ -65,6 +68,42 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
                     "AWSLambdaBasicExecutionRole]",
                     "CDK's bucket auto-delete provider (removal_policy: destroy) logs through the basic Lambda "
                     "execution policy.")
+
+
+def _acknowledge_autoscaling(stacks: ProjectStacks) -> None:
+    """The Cluster Autoscaler's role and the ASG-tagging custom resources (only with autoscaling on)."""
+    cluster_stack = stacks.cluster
+    autoscaler = cluster_stack.autoscaler
+    if autoscaler is None:
+        return
+    asg_arn = "arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*"
+    asg_arn = asg_arn.replace("<AWS::Region>", cluster_stack.region)
+    acknowledge(autoscaler.role, "AwsSolutions-IAM5[Resource::*]",
+                "Describe/Get calls only (Auto Scaling groups, instances, tags, scaling activities; EC2 instance "
+                "types, images, launch template versions): none supports resource-level permissions.")
+    acknowledge(autoscaler.role, f"AwsSolutions-IAM5[Resource::{asg_arn}]",
+                "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup on any ASG whose tag "
+                "k8s.io/cluster-autoscaler/<this cluster> is 'owned' (an aws:ResourceTag condition); EKS names the "
+                "node groups' ASGs at creation, so no name can be written here.")
+    acknowledge(autoscaler.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:eks:{cluster_stack.region}:"
+                f"<AWS::AccountId>:nodegroup/{autoscaler.cluster_name}/*/*]",
+                "eks:DescribeNodegroup on this cluster's node groups only (the wildcards are node group name and "
+                "its generated id): the autoscaler reads a group's labels and taints when it has no node.")
+    cluster_id = _logical_id(cluster_stack.cluster)
+    for group in cluster_stack.gpu_nodegroups.values():
+        tags = group.asg_tags
+        nodegroup_id = _logical_id(group.nodegroup)
+        acknowledge(tags.lookup, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:eks:{cluster_stack.region}:"
+                    f"<AWS::AccountId>:nodegroup/<{cluster_id}>/<{nodegroup_id}>/*]",
+                    "eks:DescribeNodegroup on this one node group; the wildcard is the id EKS appends to its ARN.")
+        acknowledge(tags.tagger, f"AwsSolutions-IAM5[Resource::{asg_arn}]",
+                    "CreateOrUpdateTags only on the ASG tagged eks:nodegroup-name=<this node group> (an "
+                    "aws:ResourceTag condition); EKS names that ASG at creation.")
+    provider = cluster_stack.node.try_find_child(_AWS_CUSTOM_RESOURCE_PROVIDER)
+    if provider is not None:
+        acknowledge(provider, managed_policy("service-role/AWSLambdaBasicExecutionRole"),
+                    "CDK's AwsCustomResource provider (tags the node groups' ASGs) logs through the basic Lambda "
+                    "execution policy; its API permissions are the scoped statements above.")
 
 
 def _acknowledge_kubectl_provider(stacks: ProjectStacks) -> None:

@@ -21,6 +21,12 @@ class ChartPin:
     namespace: str
 
 
+# Every version below was checked against the repository's published Helm index (index.yaml on its
+# gh-pages branch): a version the index does not list fails `helm install` and, on a first create, rolls
+# the whole cluster stack back.
+
+# Seen in NVIDIA/k8s-device-plugin gh-pages index.yaml (generated 2026-08-20): nvidia-device-plugin 0.20.0,
+# the newest listed.
 NVIDIA_DEVICE_PLUGIN = ChartPin(
     chart="nvidia-device-plugin",
     repository="https://nvidia.github.io/k8s-device-plugin",
@@ -29,19 +35,42 @@ NVIDIA_DEVICE_PLUGIN = ChartPin(
     namespace="kube-system",
 )
 
-# Releases before v0.5.32 do not list g6.12xlarge among the chart's supported instance types, so
-# their DaemonSet's node affinity matched no node of the reference setup and EFA stayed invisible.
+# Seen in aws/eks-charts gh-pages index.yaml (generated 2026-08-03): aws-efa-k8s-device-plugin v0.5.30, the
+# newest listed (v0.5.32, pinned before, is not published). The chart's supportedInstanceLabels list has named
+# g6.12xlarge since v0.5.5; the construct passes the file's EFA types anyway, so a type newer than the chart's
+# list still gets the plugin.
 EFA_DEVICE_PLUGIN = ChartPin(
     chart="aws-efa-k8s-device-plugin",
     repository="https://aws.github.io/eks-charts",
-    version="v0.5.32",
+    version="v0.5.30",
     release="aws-efa-k8s-device-plugin",
     namespace="kube-system",
 )
 
+# The version is the variable file's `ray.kuberay_version` (default 1.7.0). The stored copy of
+# ray-project/kuberay-helm's gh-pages index.yaml is from 2025-07-16 and lists kuberay-operator up to 1.4.2, so
+# 1.7.0 could not be confirmed there; the CRDs the charts are validated against are KubeRay's v1.7.0 release.
 KUBERAY_CHART = "kuberay-operator"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
 KUBERAY_NAMESPACE = "kuberay-system"
+
+
+# Cluster Autoscaler releases track Kubernetes minors (CA 1.34.x for EKS 1.34). Seen in kubernetes/autoscaler
+# gh-pages index.yaml (entries to 2026-03-02): chart 9.53.0 is the newest with appVersion 1.34.x (1.34.2);
+# 9.54.0 and later ship 1.35. One chart per supported minor: a new minor needs its line here.
+CLUSTER_AUTOSCALER_CHARTS = {"1.34": ("9.53.0", "v1.34.2")}
+CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+
+
+def cluster_autoscaler(kubernetes_version: str) -> tuple[ChartPin, str]:
+    """The Cluster Autoscaler chart and image tag matched to the cluster's Kubernetes minor version."""
+    if kubernetes_version not in CLUSTER_AUTOSCALER_CHARTS:
+        raise KeyError(f"no Cluster Autoscaler chart pinned for Kubernetes {kubernetes_version}; add one to "
+                       "CLUSTER_AUTOSCALER_CHARTS in stacks/versions.py")
+    chart_version, image_tag = CLUSTER_AUTOSCALER_CHARTS[kubernetes_version]
+    pin = ChartPin(chart="cluster-autoscaler", repository="https://kubernetes.github.io/autoscaler",
+                   version=chart_version, release="cluster-autoscaler", namespace="kube-system")
+    return pin, image_tag
 
 
 def kuberay_operator(version: str) -> ChartPin:
