@@ -19,7 +19,7 @@ from constructs import Construct
 
 from charts import bundle, ray
 from charts.models import RayCluster, RayJob
-from config.k8s import GPU_TAINT, worker_node_labels
+from config.k8s import GPU_TAINT
 from config.loader import REPO_ROOT
 from config.model import ClusterConfig
 
@@ -49,12 +49,6 @@ def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True) -> c
                                    labels=ray.labels(config))
 
 
-def prepull_node_selector(config: ClusterConfig) -> dict[str, str]:
-    """The labels all worker groups' nodes share: every GPU node of this cluster, and nothing else."""
-    label_sets = [worker_node_labels(config, g) for g in config.cluster.worker_groups]
-    return {k: v for k, v in label_sets[0].items() if all(s.get(k) == v for s in label_sets[1:])}
-
-
 class CodeConfigMap(Construct):
     """The ConfigMap carrying the project's code and variable file (see `charts.bundle`)."""
 
@@ -65,7 +59,11 @@ class CodeConfigMap(Construct):
 
 
 class ImagePrepull(Construct):
-    """A DaemonSet that pulls the (many-GB) Ray image onto every GPU node as soon as it joins.
+    """A DaemonSet that pulls the (many-GB) Ray image onto every node as soon as it joins.
+
+    Every node: the GPU nodes run the workers, and the system nodes run the Ray head (and, with
+    the RayJob's SidecarMode, its submitter), so a head scheduled there starts from a warm image too.
+    No node selector; it tolerates the GPU taint, the only taint in the cluster.
 
     The init container pulls the image; the main container then keeps running from the same
     image, which stops the kubelet's image garbage collection from deleting it again.
@@ -94,8 +92,6 @@ class ImagePrepull(Construct):
         )
         self.daemon_set.scheduling.tolerate(kplus.Node.tainted(kplus.NodeTaintQuery.is_(
             GPU_TAINT.key, GPU_TAINT.value, effect=kplus.TaintEffect[GPU_TAINT.cfn_effect])))
-        cdk8s.ApiObject.of(self.daemon_set).add_json_patch(
-            cdk8s.JsonPatch.add("/spec/template/spec/nodeSelector", prepull_node_selector(config)))
 
 
 class RayBaseChart(cdk8s.Chart):

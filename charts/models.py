@@ -228,7 +228,9 @@ class RayJobSpec(K8sModel):
 
     entrypoint: str
     runtime_env_yaml: str | None = Field(default=None, alias="runtimeEnvYAML")
-    submission_mode: Literal["K8sJobMode"] = "K8sJobMode"
+    # SidecarMode: KubeRay runs the submitter as a container of the head pod, on the head's (already pulled)
+    # image, talking to the dashboard on the pod's loopback; no separate Job pod pulls the image again.
+    submission_mode: Literal["K8sJobMode", "SidecarMode"] = "SidecarMode"
     shutdown_after_job_finishes: bool
     ttl_seconds_after_finished: int = Field(ge=0)
     active_deadline_seconds: int = Field(gt=0)

@@ -19,7 +19,7 @@ import yaml
 from charts import ChartError, build_app, bundle, inputs, manifests, ray, validation
 from charts.__main__ import synthesize
 from config import ClusterConfig, load_config
-from config.k8s import GPU_TAINT, system_node_labels, worker_node_labels
+from config.k8s import GPU_TAINT, system_node_labels
 from tests.helpers import EXAMPLES, REPO, load_variant, write_variant
 
 
@@ -344,6 +344,13 @@ def test_rayjob_lifecycle_from_the_job_section(default):
     assert spec["entrypoint"] == "bash /app/job.sh"
 
 
+def test_rayjob_submitter_runs_as_a_head_sidecar(default):
+    """SidecarMode: KubeRay's submitter is a container of the head pod on its image, so no separate
+    Job pod pulls the multi-GB image a second time."""
+    assert default.one("RayJob")["spec"]["submissionMode"] == "SidecarMode"
+    assert "submitterPodTemplate" not in default.one("RayJob")["spec"]
+
+
 def _script_commands(text: str) -> list[list[str]]:
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     return [shlex.split(line.removeprefix("exec ")) for line in lines]
@@ -379,7 +386,7 @@ def test_default_runtime_env_has_no_pip(default):
 # ---- 4. image pre-pull DaemonSet ---------------------------------------------------------------
 
 
-def test_prepull_daemonset_on_gpu_nodes(default):
+def test_prepull_daemonset_on_every_node(default):
     pod = default.one("DaemonSet")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     (hold,) = pod["containers"]
@@ -387,10 +394,8 @@ def test_prepull_daemonset_on_gpu_nodes(default):
     assert init["command"] == ["true"] and hold["command"] == ["sleep", "infinity"]
     assert pod["tolerations"] == [{"key": GPU_TAINT.key, "operator": "Equal", "value": GPU_TAINT.value,
                                    "effect": GPU_TAINT.effect}]
-    for group in default.config.cluster.worker_groups:
-        labels = worker_node_labels(default.config, group)
-        assert pod["nodeSelector"].items() <= labels.items()
-    assert not pod["nodeSelector"].items() <= system_node_labels().items()
+    # No selector: GPU nodes (workers) and system nodes (the head and its SidecarMode submitter) alike.
+    assert "nodeSelector" not in pod and "affinity" not in pod
     assert "nvidia.com/gpu" not in init["resources"]["limits"]
 
 

@@ -248,6 +248,7 @@ class FakeCore:
         self.responses = []
 
     def list_namespaced_pod(self, namespace, label_selector=None):
+        self.selectors = [*getattr(self, "selectors", []), label_selector]
         pods = [V1Pod(metadata=V1ObjectMeta(name=name, creation_timestamp=f"2026-12-01T10:0{i}:00Z"))
                 for i, name in enumerate(self.logs)]
         return type("PodList", (), {"items": list(reversed(pods))})()
@@ -272,6 +273,9 @@ def test_marker_found_after_a_long_nccl_flood(tmp_path):
     assert line == MARKER_FAIL
     (name, kwargs), = core.calls
     assert name == "finetune-abcde" and "tail_lines" not in kwargs and kwargs["_preload_content"] is False
+    # SidecarMode: the submitter is the head pod's ray-job-submitter container, found by the cluster's labels.
+    assert kwargs["container"] == "ray-job-submitter"
+    assert core.selectors == ["ray.io/cluster=finetune,ray.io/node-type=head"]
     assert core.responses[0].released and core.responses[0].largest_chunk <= 64 * 1024 < len(log)
     snap = healthy(config)
     snap["job_logs"] = line

@@ -12,7 +12,9 @@ server; `gather()` is the only code that talks to the cluster (current kubeconfi
   exist with more than zero desired pods, all ready;
 * the Ray head and all worker pods (labels `ray.io/node-type`) in `ray.namespace` are ready;
 * the latest RayJob's preflight result: the last `PREFLIGHT_RESULT {...}` line in its submitter's
-  logs, streamed whole (training's NCCL INFO output follows it, so a tail window would miss it).
+  logs (SidecarMode: the `ray-job-submitter` container of the job cluster's head pod, gone once the
+  cluster is deleted `job.ttl_hours` after the job), streamed whole (training's NCCL INFO output
+  follows it, so a tail window would miss it).
 
 Exit status: 0 when nothing failed (warnings and skips allowed), 1 on any failure, 2 when the
 cluster cannot be reached.
@@ -33,6 +35,8 @@ from workloads.preflight.report import MARKER, table
 
 NODE_TYPE_LABEL = "ray.io/node-type"
 CLUSTER_LABEL = "ray.io/cluster"
+SUBMITTER_CONTAINER = "ray-job-submitter"
+"""The submitter container KubeRay adds to the head pod of a RayJob in SidecarMode."""
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
 # zero desired pods there is normal.
 _NVIDIA_EXCLUDE = ("mps-control",)
@@ -265,23 +269,25 @@ def last_marker_line(lines: Iterable[str]) -> str | None:
     return found
 
 
-def submitter_marker(core, namespace: str, job_name: str) -> str | None:
-    """Stream the whole log of the RayJob's submitter pod(s) and return the last marker line.
+def submitter_marker(core, namespace: str, cluster_name: str) -> str | None:
+    """Stream the whole log of the RayJob's submitter and return the last marker line.
 
-    The submitter follows the driver's output, and training floods it with NCCL INFO lines from
-    every rank after the preflight, so no tail limit: every line is scanned, one at a time.
+    The RayJob runs in KubeRay's SidecarMode: the submitter is the `ray-job-submitter` container of the
+    head pod of the job's RayCluster (`status.rayClusterName`). The submitter follows the driver's
+    output, and training floods it with NCCL INFO lines from every rank after the preflight, so no tail limit: every line is scanned, one at a time.
     Returns the marker line, "" when logs were read but carry no marker, None when none could be read.
     """
     from kubernetes.client.rest import ApiException
 
-    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
-    # Oldest first, so a retried submitter's later result wins.
+    selector = f"{CLUSTER_LABEL}={cluster_name},{NODE_TYPE_LABEL}=head"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    # Oldest first, so a later head's (a retry's) result wins.
     pods = sorted(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
     found, read_any = None, False
     for pod in pods:
         try:
-            response = core.read_namespaced_pod_log(pod.metadata.name, namespace, _preload_content=False,
-                                                    _request_timeout=300)
+            response = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=SUBMITTER_CONTAINER,
+                                                    _preload_content=False, _request_timeout=300)
         except ApiException:
             continue
         read_any = True
@@ -365,8 +371,9 @@ def gather(config, *, kubeconfig: str | None = None, context: str | None = None,
             raise
         rayjobs = []
     job = latest_rayjob(rayjobs)
-    # KubeRay's submitter is a batch Job named after the RayJob; it follows the driver's output.
-    logs = submitter_marker(core, ns, job["metadata"]["name"]) if job is not None else None
+    # SidecarMode: the submitter is a container of the RayJob's head pod; it follows the driver's output.
+    cluster = (job or {}).get("status", {}).get("rayClusterName")
+    logs = submitter_marker(core, ns, cluster) if cluster else None
     return {
         "nodes": core.list_node().items,
         "daemonsets": apps.list_daemon_set_for_all_namespaces().items,
