@@ -35,8 +35,9 @@ PUBLIC_CIDRS = ["203.0.113.0/24", "198.51.100.7/32"]
 
 # A variant that flips every switch the default leaves off: a narrowed endpoint, admin access entry,
 # CloudWatch add-on, spot capacity scaling 0..4, two worker groups, two NAT gateways over three AZs,
-# and a bucket destroyed with the stack.
+# a bucket destroyed with the stack, and the Cluster Autoscaler off (fixed groups).
 ALT = {
+    "autoscaling": {"enabled": False},
     "network": {"nat_gateways": 2, "max_azs": 3},
     "cluster": {
         "public_access_cidrs": PUBLIC_CIDRS,

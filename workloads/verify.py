@@ -274,7 +274,8 @@ def submitter_marker(core, namespace: str, cluster_name: str) -> str | None:
 
     The RayJob runs in KubeRay's SidecarMode: the submitter is the `ray-job-submitter` container of the
     head pod of the job's RayCluster (`status.rayClusterName`). The submitter follows the driver's
-    output, and training floods it with NCCL INFO lines from every rank after the preflight, so no tail limit: every line is scanned, one at a time.
+    output, and training floods it with NCCL INFO lines from every rank after the preflight,
+    so no tail limit: every line is scanned, one at a time.
     Returns the marker line, "" when logs were read but carry no marker, None when none could be read.
     """
     from kubernetes.client.rest import ApiException
