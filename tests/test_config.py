@@ -12,7 +12,7 @@ from config import ConfigError, load_config
 from config.__main__ import main as config_main
 from config.catalog import load_catalog
 from config.model import EFA_HUGEPAGES_MIB_PER_POD
-from tests.helpers import EXAMPLES, REPO, default_data, merge, write_variant
+from tests.helpers import EXAMPLES, REPO, default_data, load_variant, merge, write_variant
 
 EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 
@@ -60,6 +60,15 @@ def test_default_file_is_valid_and_prints_plan():
     assert "world size 8" in out
     assert "2 x g6.12xlarge" in out
     assert "/hour (prices of" in out
+
+
+def test_plan_shows_cost_idle_and_while_a_job_runs():
+    code, out, err = check(REPO / "config" / "cluster.yaml")
+    assert code == 0, err
+    config = load_config()
+    assert f"idle ${config.idle_cost_per_hour:.2f}/hour (control plane, NAT, system nodes)" in out
+    assert f"while a job runs ${config.cost_per_hour:.2f}/hour" in out
+    assert "node group min/desired/max 0/0/2" in out
 
 
 @pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.stem)
@@ -146,6 +155,53 @@ def test_socket_transport_has_no_efa_or_hugepages():
     config = load_config(EXAMPLES / "socket.yaml")
     res = next(iter(config.pod_resources.values()))
     assert res.efa_devices == 0 and res.hugepages_2mi_mib == 0
+
+
+def test_idle_cost_is_control_plane_nat_and_system_nodes():
+    config = load_config()
+    catalog = load_catalog()
+    assert config.idle_cost_per_hour == pytest.approx(2 * catalog.get("m7i.2xlarge").usd_per_hour + 0.10 + 0.045)
+
+
+def test_idle_cost_counts_a_gpu_minimum(tmp_path):
+    config = load_variant(tmp_path, group={"min_nodes": 1})
+    idle = load_config().idle_cost_per_hour
+    assert config.idle_cost_per_hour == pytest.approx(idle + load_catalog().get("g6.12xlarge").usd_per_hour)
+    assert config.cost_per_hour == pytest.approx(load_config().cost_per_hour)
+
+
+def test_gpu_groups_scale_from_zero_to_nodes_by_default():
+    config = load_config()
+    (group,) = config.cluster.worker_groups
+    assert (config.group_min(group), config.group_desired(group), config.group_max(group)) == (0, 0, 2)
+    assert config.pods(group) == 2  # Ray's replicas still come from `nodes`
+
+
+def test_autoscaling_off_gives_fixed_groups(tmp_path):
+    config = load_variant(tmp_path, {"autoscaling": {"enabled": False}})
+    (group,) = config.cluster.worker_groups
+    assert (config.group_min(group), config.group_desired(group), config.group_max(group)) == (2, 2, 2)
+
+
+def test_capacity_block_example_starts_with_no_node():
+    """The README's capacity-block workflow: validate config/examples/p5.yaml as shipped; its group starts
+    at 0 nodes (min and desired) and may grow to `nodes` once the block is active."""
+    config = load_config(EXAMPLES / "p5.yaml")
+    (group,) = config.cluster.worker_groups
+    assert group.capacity == "capacity_block"
+    assert (config.group_min(group), config.group_desired(group), config.group_max(group)) == (0, 0, group.nodes)
+
+
+def test_capacity_block_without_autoscaler_still_starts_empty(tmp_path):
+    config = load_variant(tmp_path, {"autoscaling": {"enabled": False}}, base=EXAMPLES / "p5.yaml",
+                          group={"min_nodes": 0})
+    (group,) = config.cluster.worker_groups
+    assert (config.group_min(group), config.group_desired(group), config.group_max(group)) == (0, 0, 2)
+
+
+def test_scale_down_minutes_must_be_positive(tmp_path):
+    lines = refused(tmp_path, {"autoscaling": {"scale_down_minutes": 0}})
+    assert paths_of(lines) == ["autoscaling.scale_down_minutes"]
 
 
 def test_cost_per_hour_from_catalog():

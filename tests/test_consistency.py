@@ -109,7 +109,8 @@ def test_worker_gpus_equal_world_size_and_node_group_capacity(name):
         gpus = int(worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
         total += worker["replicas"] * gpus
     assert total == config.world_size
-    gpu_capacity = sum(g["ScalingConfig"]["DesiredSize"] * config.instance(wg).gpus
+    # The most GPUs the node groups can hold (the autoscaler brings them up to MaxSize for the job's pods).
+    gpu_capacity = sum(g["ScalingConfig"]["MaxSize"] * config.instance(wg).gpus
                        for g, wg in zip(sorted((g for g in nodegroups(name) if g.get("Taints")),
                                                key=lambda g: g["Labels"]["ray-efa.io/worker-group"]),
                                         sorted(config.cluster.worker_groups, key=lambda w: w.name), strict=True))

@@ -162,7 +162,7 @@ def test_no_admin_access_entry_without_a_role_in_the_file():
 
 def test_managed_addons():
     names = {r["Properties"]["AddonName"] for r in resources("default", "cluster", "AWS::EKS::Addon").values()}
-    assert names == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"}
+    assert names == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "eks-node-monitoring-agent"}
 
 
 def test_cloudwatch_observability_addon_is_optional_and_bound_by_pod_identity():
@@ -208,12 +208,10 @@ def test_g6_12xlarge_has_one_efa_interface_on_card_0():
     assert (nic["InterfaceType"], nic["DeviceIndex"], nic["NetworkCardIndex"]) == ("efa", 0, 0)
 
 
-def test_p5_48xlarge_has_32_efa_interfaces_across_network_cards():
+def test_p5_48xlarge_has_32_efa_devices_one_per_network_card():
     nics = launch_template_data("p5", "h100")["NetworkInterfaces"]
-    assert len(nics) == 32
-    assert [n["NetworkCardIndex"] for n in nics] == list(range(32))
-    assert nics[0]["InterfaceType"] == "efa" and nics[0]["DeviceIndex"] == 0
-    assert {(n["InterfaceType"], n["DeviceIndex"]) for n in nics[1:]} == {("efa-only", 1)}
+    efa = [n for n in nics if n["InterfaceType"] != "interface"]
+    assert len(efa) == 32 and sorted(n["NetworkCardIndex"] for n in efa) == list(range(32))
 
 
 def test_efa_interfaces_carry_cluster_and_self_referencing_efa_security_groups():
@@ -334,8 +332,8 @@ def test_nvidia_device_plugin_pinned():
 def test_efa_device_plugin_tolerates_gpus_and_selects_efa_nodes():
     props = helm_chart("default", "aws-efa-k8s-device-plugin")
     assert props["Repository"] == "https://aws.github.io/eks-charts"
-    major_minor_patch = tuple(int(x) for x in props["Version"].lstrip("v").split("."))
-    assert major_minor_patch >= (0, 5, 32)
+    # v0.5.30: the newest in the eks-charts index (see stacks/versions.py); v0.5.32 was never published.
+    assert props["Version"] == "v0.5.30"
     values = json.loads(props["Values"])
     assert values["nodeSelector"] == {EFA_PRESENT_LABEL: "true"}
     assert tolerates_the_gpu_node_groups(values["tolerations"])
@@ -344,7 +342,7 @@ def test_efa_device_plugin_tolerates_gpus_and_selects_efa_nodes():
 
 def test_no_efa_device_plugin_with_socket_transport():
     charts = {r["Properties"]["Chart"] for r in resources("socket", "cluster", "Custom::AWSCDK-EKS-HelmChart").values()}
-    assert charts == {"nvidia-device-plugin", "kuberay-operator"}
+    assert charts == {"nvidia-device-plugin", "kuberay-operator", "cluster-autoscaler"}
 
 
 def test_kuberay_operator_pinned_with_crds_on_system_nodes():
