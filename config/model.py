@@ -266,7 +266,8 @@ class RayConfig(_Strict):
         description="Extra pip requirements for the runtime env (never torch/ray/transformers/NCCL).",
     )
     preflight: bool = Field(default=True, description="Run the EFA/GPU preflight checks before training.")
-    prepull_image: bool = Field(default=True, description="Pre-pull the image on GPU nodes with a DaemonSet.")
+    prepull_image: bool = Field(default=True, description="Pre-pull the image on every node (GPU and system) with a "
+                                "DaemonSet.")
 
     @field_validator("image")
     @classmethod
