@@ -86,6 +86,32 @@ def healthy(config):
     }
 
 
+def idle(config):
+    """The default cluster after a job: its Ray cluster deleted, no GPU node (scaled to zero), device plugins with
+    nothing to run on."""
+    snap = healthy(config)
+    snap["nodes"] = [n for n in snap["nodes"] if n.metadata.labels.get("ray-efa.io/role") == "system"]
+    snap["daemonsets"] = [daemonset("nvidia-device-plugin", desired=0, ready=0),
+                          daemonset("aws-efa-k8s-device-plugin", desired=0, ready=0)]
+    snap["pods"], snap["job_logs"] = [], None
+    snap["rayjobs"] = [rayjob(job_status="SUCCEEDED", deployment_status="Complete")]
+    return snap
+
+
+def test_idle_cluster_scaled_to_zero_is_not_a_failure(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **idle(config))
+    assert not verify.failed(rows), verify.render(rows)
+    got = statuses(rows)
+    assert got[("nodes", "group gpu")] == "SKIP" and got[("add-ons", "NVIDIA device plugin")] == "SKIP"
+
+
+def test_missing_gpu_nodes_fail_with_fixed_groups(tmp_path):
+    config = load_variant(tmp_path, {"autoscaling": {"enabled": False}})
+    got = statuses(verify.evaluate(config, **idle(config)))
+    assert got[("nodes", "group gpu")] == "FAIL" and got[("add-ons", "NVIDIA device plugin")] == "FAIL"
+
+
 def statuses(rows):
     return {(r.section, r.name): r.status for r in rows}
 

@@ -103,6 +103,13 @@ def check_gpu_nodes(nodes: list, config) -> list[Row]:
         if count >= group.nodes:
             rows.append(Row(section="nodes", name=f"group {group.name}", status="PASS",
                             detail=f"{count} Ready node(s), want {group.nodes}"))
+        elif config.autoscaling.enabled and not any(
+                (n.metadata.labels or {}).get(WORKER_GROUP_LABEL) == group.name for n in gpu_nodes):
+            # Scaled to zero while idle: the Cluster Autoscaler adds nodes when Ray worker pods are Pending.
+            # A group with some but too few nodes still fails.
+            rows.append(Row(section="nodes", name=f"group {group.name}", status="SKIP",
+                            detail=f"no node (idle; the Cluster Autoscaler brings up to {group.nodes} for Pending "
+                                   "Ray workers)"))
         else:
             rows.append(Row(section="nodes", name=f"group {group.name}", status="FAIL",
                             detail=f"{count} Ready node(s) labelled {ROLE_LABEL}=gpu, {WORKER_GROUP_LABEL}="
@@ -122,8 +129,11 @@ def _deploy_counts(dep) -> tuple[int, int]:
     return desired, (dep.status.ready_replicas or 0) if dep.status else 0
 
 
-def check_controllers(daemonsets: list, deployments: list, config) -> list[Row]:
-    """Device-plugin DaemonSets and the KubeRay Deployment exist, want > 0 pods, and all are ready."""
+def check_controllers(daemonsets: list, deployments: list, config, *, gpu_nodes: int = 1) -> list[Row]:
+    """Device-plugin DaemonSets and the KubeRay Deployment exist, want > 0 pods, and all are ready.
+
+    With no GPU node at all under the Cluster Autoscaler (idle), a device-plugin DaemonSet with 0 desired
+    pods is expected, not a fault."""
     efa = config.nccl.transport == "efa"
 
     def nvidia(name: str) -> bool:
@@ -154,7 +164,10 @@ def check_controllers(daemonsets: list, deployments: list, config) -> list[Row]:
         for obj in found:
             desired, ready = counts(obj)
             where = f"{kind} {obj.metadata.namespace}/{obj.metadata.name}"
-            if desired == 0:
+            if desired == 0 and kind == "DaemonSet" and not gpu_nodes and config.autoscaling.enabled:
+                rows.append(Row(section="add-ons", name=label, status="SKIP",
+                                detail=f"{where}: 0 desired pods, no GPU node while idle (autoscaler)"))
+            elif desired == 0:
                 rows.append(Row(section="add-ons", name=label, status="FAIL",
                                 detail=f"{where}: 0 desired pods (scheduled on no node)", fix=fix))
             elif ready < desired:
@@ -334,7 +347,8 @@ def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: 
     `job_logs`: log text holding the marker (`gather` passes just the last marker line, "" when the
     logs had none, None when they could not be read)."""
     job = latest_rayjob(rayjobs)
-    return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config)
+    gpu_nodes = sum(1 for n in nodes if (n.metadata.labels or {}).get(ROLE_LABEL) == "gpu")
+    return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config, gpu_nodes=gpu_nodes)
             + check_ray_pods(pods, config, job) + [check_preflight(job, job_logs, config)])
 
 
