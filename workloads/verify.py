@@ -5,7 +5,8 @@ V1Deployment, V1Pod) and the RayJob custom objects as dicts, so they are tested 
 server; `gather()` is the only code that talks to the cluster (current kubeconfig). Checks:
 
 * every GPU node (label `ray-efa.io/role=gpu`) is Ready with `nvidia.com/gpu` allocatable, and with
-  `vpc.amazonaws.com/efa` allocatable when `nccl.transport: efa`; each worker group has its nodes;
+  `vpc.amazonaws.com/efa` allocatable when `nccl.transport: efa`; each worker group has its nodes
+  (under the Cluster Autoscaler a group with no node is idle: SKIP, as are device plugins with no GPU node);
 * the NVIDIA device plugin DaemonSet (name contains `nvidia-device-plugin`, MPS control daemon
   excluded), the EFA device plugin DaemonSet (name contains `efa` and `device-plugin`, only with
   EFA) and the KubeRay operator Deployment (name contains `kuberay-operator`), in any namespace,
