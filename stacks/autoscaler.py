@@ -44,8 +44,9 @@ def autoscaler_values(config: ClusterConfig, image_tag: str) -> dict:
         "rbac": {"serviceAccount": {"create": True, "name": CLUSTER_AUTOSCALER_SERVICE_ACCOUNT}},
         "nodeSelector": system_node_labels(),
         "extraArgs": {
-            # A GPU node with no Ray pod goes after this long; after a scale-up, scale-down waits as long, so a
-            # RayJob retried at once finds its nodes still there.
+            # A GPU node with no Ray pod goes after this long, so a RayJob retry (KubeRay recreates its Ray
+            # cluster at once) finds its nodes still there; and none is removed sooner than this after a
+            # scale-up, while the new nodes pull the image and the pods start.
             "scale-down-unneeded-time": minutes,
             "scale-down-delay-after-add": minutes,
             # The one pod that matters is a Ray worker; pick the group that wastes least of the node.

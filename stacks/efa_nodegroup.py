@@ -49,27 +49,23 @@ def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT
             *(interface(card, 0, "efa-only") for card in range(1, count))]
 
 
-def node_user_data(*, nvme: bool, hugepages: int, fast_image_pull: bool = True) -> str:
+def node_user_data(*, nvme: bool, hugepages: int) -> str:
     """MIME multi-part user data for AL2023 nodeadm, merged by EKS with its own bootstrap part.
 
+    Always nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI): containerd pulls
+    through the SOCI snapshotter in parallel mode, an image's layers downloading over several
+    connections and unpacking concurrently instead of one after another. It is not lazy loading
+    (a container still starts only once its whole image is pulled; no SOCI index is needed), and
+    nodeadm ignores it on instances below its CPU/memory threshold.
     `nvme`: put containerd and kubelet on the instance-store NVMe as RAID0 (the DLC image is many
     GB; pulling it onto NVMe is faster and keeps it off the root volume). `hugepages`: 2 MiB pages
     to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`.
-    `fast_image_pull`: nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI), which
-    switches containerd to the SOCI snapshotter in parallel mode: an image's layers download over
-    several connections and unpack concurrently instead of one after another. It is not lazy
-    loading (images are still pulled whole before a container starts, no SOCI index needed), and
-    nodeadm ignores it on instances below its CPU/memory threshold.
     """
-    parts = []
-    spec: dict[str, str] = {}
-    if fast_image_pull:
-        spec["featureGates"] = "  featureGates:\n    FastImagePull: true\n"
+    node_config = ("---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n"
+                   "  featureGates:\n    FastImagePull: true\n")
     if nvme:
-        spec["instance"] = "  instance:\n    localStorage:\n      strategy: RAID0\n"
-    if spec:
-        parts.append(("application/node.eks.aws", "---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
-                      "spec:\n" + "".join(spec[k] for k in sorted(spec))))
+        node_config += "  instance:\n    localStorage:\n      strategy: RAID0\n"
+    parts = [("application/node.eks.aws", node_config)]
     if hugepages:
         # libfabric's EFA provider registers its bounce buffers in huge pages; kubelet only
         # reports pages that exist when it starts, and nodeadm starts it after this script.
@@ -79,8 +75,6 @@ def node_user_data(*, nvme: bool, hugepages: int, fast_image_pull: bool = True) 
             echo "vm.nr_hugepages = {hugepages}" > /etc/sysctl.d/90-efa-hugepages.conf
             sysctl -w vm.nr_hugepages={hugepages}
             """)))
-    if not parts:
-        return ""
     body = [f"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{_MIME_BOUNDARY}\"\n"]
     for content_type, text in parts:
         body.append(f"--{_MIME_BOUNDARY}\nContent-Type: {content_type}\n\n{text}")
@@ -140,10 +134,8 @@ class EfaNodeGroup(Construct):
             data["capacity_reservation_specification"] = LT.CapacityReservationSpecificationProperty(
                 capacity_reservation_target=LT.CapacityReservationTargetProperty(
                     capacity_reservation_id=group.capacity_reservation_id))
-        user_data = node_user_data(nvme=itype.nvme_gib > 0,
-                                   hugepages=config.nvidia_nodes_hugepages(group) if self.efa_interfaces else 0)
-        if user_data:
-            data["user_data"] = cdk.Fn.base64(user_data)
+        data["user_data"] = cdk.Fn.base64(node_user_data(
+            nvme=itype.nvme_gib > 0, hugepages=config.nvidia_nodes_hugepages(group) if self.efa_interfaces else 0))
 
         self.launch_template = ec2.CfnLaunchTemplate(
             self, "LaunchTemplate", launch_template_data=LT.LaunchTemplateDataProperty(**data))

@@ -126,6 +126,13 @@ def test_no_autoscaler_and_fixed_groups_when_disabled():
     assert gpu_nodegroup("alt", "gpu-b")["ScalingConfig"] == {"MinSize": 1, "DesiredSize": 1, "MaxSize": 1}
 
 
+def test_cost_outputs_idle_and_while_a_job_runs():
+    config = synth("default").config
+    template("default").has_output("IdleUsdPerHour", {"Value": f"{config.idle_cost_per_hour:.2f}"})
+    template("default").has_output("OnDemandUsdPerHour", {"Value": f"{config.cost_per_hour:.2f}"})
+    assert config.idle_cost_per_hour < config.cost_per_hour  # no GPU node while idle
+
+
 # ---- node groups -----------------------------------------------------------------------------------
 
 def test_gpu_groups_are_empty_while_idle_by_default():
