@@ -9,6 +9,7 @@ are computed once, on first use, from the model and the instance catalog.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import ipaddress
 import re
@@ -419,6 +420,7 @@ class ClusterConfig(_Strict):
                     f"({region_azs}); set network.max_azs to at most {len(region_azs)}")
 
         problems.extend(self._kubectl_layer_problems())
+        problems.extend(self._autoscaler_problems())
 
         if self.storage.bucket_name is None:
             derived = len(self.bucket_name("0" * _ACCOUNT_ID_CHARS))
@@ -493,6 +495,17 @@ class ClusterConfig(_Strict):
         return [Problem(path="cluster.kubernetes_version", message=(
             f"no kubectl layer for Kubernetes {self.cluster.kubernetes_version} is installed; pin {package} in "
             f"requirements.txt and run `make setup`, or use a version whose layer is installed"))]
+
+    def _autoscaler_problems(self) -> list[Problem]:
+        """The Cluster Autoscaler chart is pinned per Kubernetes minor in stacks/versions.py; refuse a minor
+        with no pin here instead of failing synthesis. Skipped where the stacks are not present (the pods)."""
+        pinned = _pinned_autoscaler_minors()
+        version = self.cluster.kubernetes_version
+        if not self.autoscaling.enabled or pinned is None or version in pinned:
+            return []
+        return [Problem(path="cluster.kubernetes_version", message=(
+            f"no Cluster Autoscaler chart is pinned for Kubernetes {version} (pinned: {', '.join(pinned)}); add its "
+            "chart to CLUSTER_AUTOSCALER_CHARTS in stacks/versions.py or set autoscaling.enabled: false"))]
 
     def _group_problems(self, base: str, group: WorkerGroup) -> list[Problem]:
         problems: list[Problem] = []
@@ -682,6 +695,21 @@ def _shm_gib(memory_gib: int) -> int:
 def _object_store_mib(shm_gib: int) -> int:
     """Ray's object store inside a /dev/shm of `shm_gib` GiB, MiB."""
     return int(shm_gib * 1024 * _OBJECT_STORE_SHM_FRACTION)
+
+
+_VERSIONS_FILE = Path(__file__).resolve().parent.parent / "stacks" / "versions.py"
+
+
+def _pinned_autoscaler_minors() -> list[str] | None:
+    """Kubernetes minors with a pinned Cluster Autoscaler chart, read from stacks/versions.py's literal table
+    without importing the stacks (no CDK/jsii load for `python -m config check`); None without that file."""
+    if not _VERSIONS_FILE.is_file():
+        return None
+    for node in ast.parse(_VERSIONS_FILE.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CLUSTER_AUTOSCALER_CHARTS"
+                                                for t in node.targets):
+            return sorted(ast.literal_eval(node.value))
+    return None
 
 
 def kubectl_layer_module(kubernetes_version: str) -> str:

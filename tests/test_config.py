@@ -472,3 +472,24 @@ def test_every_field_in_shipped_files_is_commented(path):
     bare = [line for line in path.read_text().splitlines()
             if re.match(r"^\s*(- )?[a-z_]+:\s*\S", line) and "#" not in line]
     assert bare == [], f"{path.name}: comment these fields: {bare}"
+
+
+def test_kubernetes_minor_without_an_autoscaler_pin_is_refused(tmp_path, monkeypatch):
+    import config.model as model
+
+    versions = tmp_path / "versions.py"
+    versions.write_text('CLUSTER_AUTOSCALER_CHARTS = {"1.33": ("9.50.1", "v1.33.0")}\n')
+    monkeypatch.setattr(model, "_VERSIONS_FILE", versions)
+    lines = refused(tmp_path)
+    assert paths_of(lines) == ["cluster.kubernetes_version"]
+    assert "no Cluster Autoscaler chart is pinned for Kubernetes 1.34 (pinned: 1.33)" in lines[0]
+    assert load_variant(tmp_path, {"autoscaling": {"enabled": False}}).autoscaling.enabled is False
+
+
+def test_every_pinned_autoscaler_minor_has_a_chart_and_image():
+    from stacks.versions import CLUSTER_AUTOSCALER_CHARTS, cluster_autoscaler
+
+    assert load_config().cluster.kubernetes_version in CLUSTER_AUTOSCALER_CHARTS
+    for minor, (chart, image) in CLUSTER_AUTOSCALER_CHARTS.items():
+        pin, tag = cluster_autoscaler(minor)
+        assert (pin.version, tag) == (chart, image) and tag.startswith(f"v{minor}.")
