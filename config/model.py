@@ -498,7 +498,10 @@ class ClusterConfig(_Strict):
 
     def _autoscaler_problems(self) -> list[Problem]:
         """The Cluster Autoscaler chart is pinned per Kubernetes minor in stacks/versions.py; refuse a minor
-        with no pin here instead of failing synthesis. Skipped where the stacks are not present (the pods)."""
+        with no pin here instead of failing synthesis. Like the kubectl layer rule, checked only where the CDK
+        is installed (the deploy toolchain), not in the Ray pods."""
+        if importlib.util.find_spec("aws_cdk") is None:
+            return []
         pinned = _pinned_autoscaler_minors()
         version = self.cluster.kubernetes_version
         if not self.autoscaling.enabled or pinned is None or version in pinned:

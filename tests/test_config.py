@@ -335,8 +335,10 @@ def test_derived_bucket_name_over_63_characters(tmp_path):
 
 def test_kubernetes_version_without_an_installed_kubectl_layer(tmp_path):
     lines = refused(tmp_path, {"cluster": {"kubernetes_version": "1.35"}})
-    assert paths_of(lines) == ["cluster.kubernetes_version"]
+    # 1.35 has neither a kubectl layer nor a Cluster Autoscaler chart pinned: both are reported.
+    assert paths_of(lines) == ["cluster.kubernetes_version"] * 2
     assert "pin aws-cdk.lambda-layer-kubectl-v35 in requirements.txt" in lines[0]
+    assert "no Cluster Autoscaler chart is pinned for Kubernetes 1.35" in lines[1]
 
 
 def test_kubectl_layer_rule_is_skipped_where_the_cdk_is_not_installed(tmp_path, monkeypatch):
