@@ -76,8 +76,7 @@ def _acknowledge_autoscaling(stacks: ProjectStacks) -> None:
     autoscaler = cluster_stack.autoscaler
     if autoscaler is None:
         return
-    asg_arn = "arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:*"
-    asg_arn = asg_arn.replace("<AWS::Region>", cluster_stack.region)
+    asg_arn = f"arn:<AWS::Partition>:autoscaling:{cluster_stack.region}:<AWS::AccountId>:autoScalingGroup:*"
     acknowledge(autoscaler.role, "AwsSolutions-IAM5[Resource::*]",
                 "Describe/Get calls only (Auto Scaling groups, instances, tags, scaling activities; EC2 instance "
                 "types, images, launch template versions): none supports resource-level permissions.")

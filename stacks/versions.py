@@ -21,9 +21,9 @@ class ChartPin:
     namespace: str
 
 
-# Every version below was checked against the repository's published Helm index (index.yaml on its
-# gh-pages branch): a version the index does not list fails `helm install` and, on a first create, rolls
-# the whole cluster stack back.
+# Each version below was looked up in its repository's published Helm index (index.yaml on the gh-pages
+# branch), and the comment beside it says where it was seen: a version the index does not list fails
+# `helm install` and, on a first create, rolls the whole cluster stack back.
 
 # Seen in NVIDIA/k8s-device-plugin gh-pages index.yaml (generated 2026-08-20): nvidia-device-plugin 0.20.0,
 # the newest listed.
