@@ -40,10 +40,11 @@ def test_cdk_nag_aws_solutions_clean(variant):
     assert result.nag_error is None, result.nag_error
 
 
-def test_every_acknowledgment_has_a_reason_and_a_resource_scope():
+@pytest.mark.parametrize("variant", ["alt", "default"])  # alt: every optional add-on; default: the autoscaler
+def test_every_acknowledgment_has_a_reason_and_a_resource_scope(variant):
     """cdk-nag acknowledgments (construct metadata): none on a whole stack, none without a reason."""
     acknowledged = []
-    for meta in synth("alt").outdir.glob("*.metadata.json"):
+    for meta in synth(variant).outdir.glob("*.metadata.json"):
         for path, entries in json.loads(meta.read_text()).items():
             for entry in entries:
                 if entry["type"] == "aws:cdk:acknowledged-rules":
