@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 DEMO_DIR ?= out/demo
 DEMO_STEPS ?=
+VERBOSE ?=
 
 # Node.js majors that jsii (the runtime of the CDK and cdk8s libraries, pinned in requirements.txt)
 # supports; README "Node.js". `make setup` says in one line when the Node found is outside them, so
@@ -59,7 +60,8 @@ demo: setup
 	@$(MAKE) -s --no-print-directory synth > $(DEMO_DIR)/synth.log 2>&1 || { cat $(DEMO_DIR)/synth.log; \
 	  echo "make demo: synthesis failed (log: $(DEMO_DIR)/synth.log)" >&2; exit 1; }
 	@echo "synthesized cdk.out/ (CloudFormation) and dist/ (Kubernetes manifests); log in $(DEMO_DIR)/synth.log"
-	@$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS))
+	@$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS)) \
+	  $(if $(VERBOSE),--verbose)
 
 test: setup
 	$(PY) -m pytest

@@ -137,7 +137,7 @@ class RunLog:
     def failed(self, error: object) -> int:
         """Report a failed run on stderr with the file's last lines; return the exit status (1)."""
         text = str(error).strip() or type(error).__name__
-        self.write([f"(driver) training failed: {type(error).__name__}: {text}"])
+        self.write([f"(driver) {line}" for line in f"training failed: {type(error).__name__}: {text}".splitlines()])
         print(f"training failed: {text.splitlines()[0]}", file=sys.stderr)
         print(f"last {TAIL_LINES} lines of {self.path}:", file=sys.stderr)
         for line in self.tail():
