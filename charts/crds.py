@@ -60,12 +60,12 @@ def search_dirs(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.env
     return dirs + [shared_dir(repo_root), cache_dir(repo_root)]
 
 
-def check_digest(data: bytes, file: str, source: str) -> None:
+def check_digest(data: bytes, file: str, source: str, *, fix: str) -> None:
     """Refuse `data` (read from `source`) unless it is KubeRay VERSION's `file`, byte for byte."""
     actual = hashlib.sha256(data).hexdigest()
     if actual != SHA256[file]:
         raise ChartError(f"{source}: {file} is not KubeRay {VERSION}'s: sha256 expected {SHA256[file]}, "
-                         f"got {actual}; replace it with the v{VERSION} release's file (nothing was cached)")
+                         f"got {actual}; {fix} (nothing was cached)")
 
 
 def crd_path(file: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ,
@@ -82,11 +82,12 @@ def resolve(file: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, str
     for folder in search_dirs(repo_root, environ):
         path = folder / file
         if path.is_file():
-            check_digest(path.read_bytes(), file, str(path))
+            check_digest(path.read_bytes(), file, str(path),
+                         fix=f"replace it with the v{VERSION} release's file, or delete it to have it downloaded")
             return path, False
     url = f"{base_url(environ)}/{file}"
     data = _download(url, file, repo_root, environ, timeout_s)
-    check_digest(data, file, url)
+    check_digest(data, file, url, fix=f"{BASE_URL_ENV} must serve the v{VERSION} release's files")
     return _cache(data, file, repo_root), True
 
 
