@@ -6,17 +6,35 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 DEMO_DIR ?= out/demo
 DEMO_STEPS ?=
+VERBOSE ?=
 
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# Node.js majors that jsii (the runtime of the CDK and cdk8s libraries, pinned in requirements.txt)
+# supports; README "Node.js". `make setup` says in one line when the Node found is outside them, so
+# jsii's multi-line banner, which would repeat it on every synth, is silenced for that version.
+NODE_SUPPORTED := 22 24
+NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(NODE_MAJOR)
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export CDK_DISABLE_CLI_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup synth synth-cdk synth-k8s demo test lint bench clean
+.PHONY: setup node-check synth synth-cdk synth-k8s demo test lint bench clean
 
-setup: $(VENV)/.installed node_modules/.installed
+# The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
+setup: node-check $(VENV)/.installed node_modules/.installed
+	@$(PY) -m charts.crds
+
+node-check:
+	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (README: Node.js)" >&2; exit 1; }; \
+	major=$${v#v}; major=$${major%%.*}; \
+	if [ "$$major" -lt $(firstword $(NODE_SUPPORTED)) ]; then \
+	  echo "note: Node.js $$v is past end of life; jsii (CDK, cdk8s) supports Node.js $(firstword $(NODE_SUPPORTED)) and $(lastword $(NODE_SUPPORTED)): please upgrade"; \
+	elif [ "$$major" -gt $(lastword $(NODE_SUPPORTED)) ]; then \
+	  echo "note: Node.js $$v is newer than jsii (CDK, cdk8s) has been tested with ($(firstword $(NODE_SUPPORTED)) and $(lastword $(NODE_SUPPORTED)))"; \
+	fi
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,8 +54,14 @@ synth-cdk: setup
 synth-k8s: setup
 	CDK8S_CHECK_UPGRADE=false npx cdk8s synth
 
-demo: synth
-	$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS))
+# The synth's own output goes to a log (shown if it fails); the console keeps the training's story.
+demo: setup
+	@mkdir -p $(DEMO_DIR)
+	@$(MAKE) -s --no-print-directory synth > $(DEMO_DIR)/synth.log 2>&1 || { cat $(DEMO_DIR)/synth.log; \
+	  echo "make demo: synthesis failed (log: $(DEMO_DIR)/synth.log)" >&2; exit 1; }
+	@echo "synthesized cdk.out/ (CloudFormation) and dist/ (Kubernetes manifests); log in $(DEMO_DIR)/synth.log"
+	@$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS)) \
+	  $(if $(VERBOSE),--verbose)
 
 test: setup
 	$(PY) -m pytest

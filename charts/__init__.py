@@ -1,30 +1,23 @@
 """cdk8s charts: the Ray namespace, service account, code ConfigMap, RayCluster and RayJob,
-all derived from the variable file (`python -m charts` is the cdk8s app; see cdk8s.yaml)."""
+all derived from the variable file (`python -m charts` is the cdk8s app; see cdk8s.yaml).
 
-from charts.charts import (
-    BASE_CHART,
-    CLUSTER_CHART,
-    JOB_CHART,
-    Inputs,
-    RayBaseChart,
-    RayClusterChart,
-    RayJobChart,
-    build_app,
-    inputs,
-    manifests,
-)
+The chart classes load lazily (PEP 562): importing cdk8s starts jsii's Node process (about 2 s), which
+`python -m charts.crds` in `make setup` does not need.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from charts.errors import ChartError
 
-__all__ = [
-    "BASE_CHART",
-    "CLUSTER_CHART",
-    "JOB_CHART",
-    "ChartError",
-    "Inputs",
-    "RayBaseChart",
-    "RayClusterChart",
-    "RayJobChart",
-    "build_app",
-    "inputs",
-    "manifests",
-]
+_FROM_CHARTS = ("BASE_CHART", "CLUSTER_CHART", "JOB_CHART", "Inputs", "RayBaseChart", "RayClusterChart",
+                "RayJobChart", "build_app", "inputs", "manifests")
+
+__all__ = ["ChartError", *_FROM_CHARTS]
+
+
+def __getattr__(name: str):
+    if name in _FROM_CHARTS:
+        return getattr(importlib.import_module("charts.charts"), name)
+    raise AttributeError(f"module 'charts' has no attribute {name!r}")

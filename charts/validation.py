@@ -1,7 +1,7 @@
 """Schema checks for every synthesized object, before anything is written.
 
-- RayCluster / RayJob: the `openAPIV3Schema` of KubeRay 1.7.0's CRDs (data files in
-  `../shared/kuberay/`, beside the repository), made strict: an object schema that lists its
+- RayCluster / RayJob: the `openAPIV3Schema` of KubeRay 1.7.0's CRDs (found or downloaded, and
+  checked against pinned SHA-256s, by `charts.crds`), made strict: an object schema that lists its
   properties and does not say `x-kubernetes-preserve-unknown-fields` rejects any other key,
   because the API server would silently prune a misspelt field and the setting would be lost.
 - Core kinds (and the pod templates inside the Ray objects): kubernetes-validate's strict
@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import os
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -21,17 +19,10 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 from packaging.version import Version
 
+from charts.crds import crd_path
 from charts.errors import ChartError
-from config.loader import REPO_ROOT
 
-CRD_DIR_ENV = "KUBERAY_CRD_DIR"
 CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
-CRD_URL = "https://raw.githubusercontent.com/ray-project/kuberay/v1.7.0/ray-operator/config/crd/bases/{file}"
-
-
-def crd_dir() -> Path:
-    """Directory holding the KubeRay CRDs: $KUBERAY_CRD_DIR, else `shared/kuberay` beside the repository."""
-    return Path(os.environ.get(CRD_DIR_ENV) or REPO_ROOT.parent / "shared" / "kuberay")
 
 
 def strict(schema: Any) -> Any:
@@ -50,13 +41,8 @@ def strict(schema: Any) -> Any:
 @cache
 def crd_validator(kind: str, version: str = "v1") -> jsonschema.protocols.Validator:
     """A strict validator for `kind` at `ray.io/<version>`, from the CRD file."""
-    path = crd_dir() / CRD_FILES[kind]
-    try:
-        text = path.read_text()
-    except OSError:
-        raise ChartError(f"{path}: KubeRay CRD not found; put KubeRay 1.7.0's CRDs in {crd_dir()} "
-                         f"(e.g. curl -fLO {CRD_URL.format(file=CRD_FILES[kind])}) or set {CRD_DIR_ENV}") from None
-    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    path = crd_path(CRD_FILES[kind])
+    crd = yaml.load(path.read_bytes(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     for served in crd["spec"]["versions"]:
         if served["name"] == version:
             schema = strict(served["schema"]["openAPIV3Schema"])

@@ -13,7 +13,8 @@ import aws_cdk as cdk
 from constructs import IConstruct
 
 if TYPE_CHECKING:
-    from stacks.assembly import ProjectStacks
+    from stacks.cluster import ClusterStack
+    from stacks.storage import StorageStack
 
 _PACK = "AwsSolutions"
 # The construct id CDK gives AwsCustomResource's singleton provider function in a stack.
@@ -35,26 +36,25 @@ def _logical_id(construct: IConstruct) -> str:
     return cdk.Stack.of(construct).get_logical_id(construct.node.default_child)
 
 
-def acknowledge_findings(stacks: ProjectStacks) -> None:
+def acknowledge_findings(*, cluster_stack: ClusterStack, storage: StorageStack) -> None:
     """Acknowledge the AwsSolutions findings this design accepts, resource by resource."""
-    cluster = stacks.cluster.cluster
+    cluster = cluster_stack.cluster
     acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
                 "EKS requires its control-plane role to carry AmazonEKSClusterPolicy; AWS keeps it current "
                 "as EKS needs change.")
-    for nodegroup in stacks.cluster.nodegroups:
+    for nodegroup in cluster_stack.nodegroups:
         for policy in _NODE_POLICIES:
             acknowledge(nodegroup.role, managed_policy(policy),
                         f"{policy} is one of the three policies EKS documents for managed node group roles; "
                         "pods get their own AWS access through Pod Identity, not through the node role.")
-    _acknowledge_kubectl_provider(stacks)
-    _acknowledge_autoscaling(stacks)
+    _acknowledge_kubectl_provider(cluster_stack)
+    _acknowledge_autoscaling(cluster_stack)
 
-    if stacks.cluster.node.try_find_child("CloudWatchAgentRole"):
-        acknowledge(stacks.cluster.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
+    if cluster_stack.node.try_find_child("CloudWatchAgentRole"):
+        acknowledge(cluster_stack.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
                     "The policy AWS documents for the amazon-cloudwatch-observability add-on's agent; bound to "
                     "that agent's service account only, through Pod Identity.")
 
-    storage = stacks.storage
     acknowledge(storage.bucket, "AwsSolutions-S1",
                 "Holds only this job's checkpoints and model exports, written by one role; server access logs "
                 "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
@@ -70,9 +70,8 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
                     "execution policy.")
 
 
-def _acknowledge_autoscaling(stacks: ProjectStacks) -> None:
+def _acknowledge_autoscaling(cluster_stack: ClusterStack) -> None:
     """The Cluster Autoscaler's role and the ASG-tagging custom resources (only with autoscaling on)."""
-    cluster_stack = stacks.cluster
     autoscaler = cluster_stack.autoscaler
     if autoscaler is None:
         return
@@ -105,9 +104,9 @@ def _acknowledge_autoscaling(stacks: ProjectStacks) -> None:
                     "execution policy; its API permissions are the scoped statements above.")
 
 
-def _acknowledge_kubectl_provider(stacks: ProjectStacks) -> None:
+def _acknowledge_kubectl_provider(cluster_stack: ClusterStack) -> None:
     """The kubectl provider is CDK's own Lambda that installs the Helm charts; its IAM is CDK's."""
-    provider = stacks.cluster.cluster.kubectl_provider
+    provider = cluster_stack.cluster.kubectl_provider
     reason = ("Part of aws_eks_v2's kubectl provider (a CDK-maintained Lambda that runs helm and kubectl); "
               "its execution roles are defined by CDK and scoped by it.")
     for policy in ("service-role/AWSLambdaBasicExecutionRole", "service-role/AWSLambdaVPCAccessExecutionRole",

@@ -452,16 +452,6 @@ def test_kubernetes_schema_version():
     assert validation.kubernetes_schema_version("1.99") == "1.37"  # newest shipped by kubernetes-validate 1.37.0
 
 
-def test_missing_crds_are_a_clear_error(monkeypatch, tmp_path, default):
-    monkeypatch.setenv(validation.CRD_DIR_ENV, str(tmp_path))
-    validation.crd_validator.cache_clear()
-    try:
-        with pytest.raises(ChartError, match=r"ray.io_rayclusters.yaml: KubeRay CRD not found.*v1.7.0"):
-            validation.problems([default.one("RayCluster")], "1.34")
-    finally:
-        validation.crd_validator.cache_clear()
-
-
 # ---- consistency with the derived values (against the stacks: tests/test_consistency.py) ----------
 
 

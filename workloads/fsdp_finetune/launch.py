@@ -12,7 +12,7 @@ train nothing and export the longer run's model).
 
 `RAY_TRAIN_HEALTH_CHECK_INTERVAL_S` (Ray Train's default 2 s) is how often the train controller
 polls the workers; reports, the end of training and worker failures are seen only on a poll. The
-cluster's runtime env sets it (charts); a local run defaults it to 0.5 s (`start_local_ray`).
+cluster's runtime env sets it (charts); a local run defaults it to 0.5 s (`workloads.local_ray`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from config import load_or_exit, resolve_path
 from config.model import ClusterConfig, JobConfig
+from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
-LOCAL_WORKERS = 2
 LOCAL_SOURCE = "local job"
 
 
@@ -289,21 +289,6 @@ class DriverProgress:
                     return
 
 
-def start_local_ray() -> None:
-    """A Ray cluster on this machine: CPUs for the workers plus one for the train controller."""
-    import ray
-
-    # The preemption watcher is for cloud instances; locally it only adds start-up time and noise.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    # How often Ray Train's controller polls the workers (default 2 s): it notices reports, the
-    # end of training and failures only on a poll, so each costs up to that long. Set before
-    # ray.init so the local cluster's processes (the controller included) inherit it.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    if not ray.is_initialized():
-        ray.init(num_cpus=LOCAL_WORKERS + 1, include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m workloads.fsdp_finetune", description=__doc__.split("\n")[0])
@@ -314,6 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage-path", default=None,
                         help="Ray storage URI (default: s3://<bucket>/<storage.prefix>/checkpoints on the "
                              "cluster, DIR locally)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="local mode: print Ray's and the workers' output too (always in DIR/ray.log)")
     return parser.parse_args(argv)
 
 
@@ -377,7 +364,10 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
 
 
 def _main_local(args, config: ClusterConfig) -> int:
+    from workloads.fsdp_finetune.console import RunLog
+
     started = time.perf_counter()
+    run_log = RunLog(Path(args.output_dir).resolve() / "ray.log", verbose=args.verbose)
     plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
     if args.storage_path:
         plan.storage_path = args.storage_path
@@ -392,11 +382,14 @@ def _main_local(args, config: ClusterConfig) -> int:
           f"({len(assets.eval_records)} questions)", flush=True)
 
     start_local_ray()
-    with DriverProgress(plan.metrics_path, plan.job.max_steps):
-        result = run_training(plan)
+    run_log.attach()
+    try:
+        with DriverProgress(plan.metrics_path, plan.job.max_steps):
+            result = run_training(plan)
+    except Exception as exc:  # noqa: BLE001 - Ray Train raises TrainingFailedError once retries are spent
+        return run_log.failed(exc)
     if result.error:
-        print(f"training failed: {result.error}", file=sys.stderr)
-        return 1
+        return run_log.failed(result.error)
 
     from workloads.fsdp_finetune.metrics import plot_loss, read_metrics
 
@@ -420,4 +413,5 @@ def _main_local(args, config: ClusterConfig) -> int:
     print(f"training loss {summary['train_loss_first']:.3f} -> {summary['train_loss_last']:.3f}; "
           f"{summary['wall_time_s']:.0f} s in all")
     print(json.dumps(summary))
+    print(run_log.where())
     return 0

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 
-from workloads.fsdp_finetune.launch import LOCAL_WORKERS, start_local_ray
+from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 from workloads.preflight.checks import (
     CheckResult,
     Expectation,

@@ -1,0 +1,140 @@
+"""The KubeRay CRDs the charts validate against: found or downloaded, and always checked by SHA-256.
+
+Each file is looked for, in this order, in `$KUBERAY_CRD_DIR`, in `../shared/kuberay` beside the
+repository, and in the repository's cache `.cache/kuberay/v<VERSION>/` (gitignored); a folder that
+does not hold it is passed over. When none does, it is downloaded from `$KUBERAY_CRD_BASE_URL/<file>`
+(default: the release tag's `ray-operator/config/crd/bases` on GitHub) and cached. Whatever the
+source, the bytes must match the digest pinned below; a file that does not is refused, never cached
+and never passed over for the next source (a copy that differs from the pinned release is a mistake
+to fix, not to work around).
+
+`python -m charts.crds` (run by `make setup`) resolves both files, so the first synth needs no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from charts.errors import ChartError
+from config.loader import REPO_ROOT
+
+VERSION = "1.7.0"
+# From the v1.7.0 tag (commit 59d663aeec13760646da3db9c1cf8cfe883e30b7), ray-operator/config/crd/bases/.
+SHA256 = {
+    "ray.io_rayclusters.yaml": "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1",
+    "ray.io_rayjobs.yaml": "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5",
+}
+DIR_ENV = "KUBERAY_CRD_DIR"
+BASE_URL_ENV = "KUBERAY_CRD_BASE_URL"
+DEFAULT_BASE_URL = f"https://raw.githubusercontent.com/ray-project/kuberay/v{VERSION}/ray-operator/config/crd/bases"
+# Each file is about 1 MB; a stalled connection should fail the set-up, not hang it.
+DOWNLOAD_TIMEOUT_S = 60.0
+
+
+def shared_dir(repo_root: Path = REPO_ROOT) -> Path:
+    """`../shared/kuberay` beside the repository."""
+    return repo_root.parent / "shared" / "kuberay"
+
+
+def cache_dir(repo_root: Path = REPO_ROOT) -> Path:
+    """The repository's download cache for this version."""
+    return repo_root / ".cache" / "kuberay" / f"v{VERSION}"
+
+
+def base_url(environ: Mapping[str, str] = os.environ) -> str:
+    """Where missing files are downloaded from: $KUBERAY_CRD_BASE_URL, else the pinned release on GitHub."""
+    return (environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+
+
+def search_dirs(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """The folders looked in, first match wins."""
+    dirs = [Path(environ[DIR_ENV])] if environ.get(DIR_ENV) else []
+    return dirs + [shared_dir(repo_root), cache_dir(repo_root)]
+
+
+def check_digest(data: bytes, file: str, source: str, *, fix: str) -> None:
+    """Refuse `data` (read from `source`) unless it is KubeRay VERSION's `file`, byte for byte."""
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != SHA256[file]:
+        raise ChartError(f"{source}: {file} is not KubeRay {VERSION}'s: sha256 expected {SHA256[file]}, "
+                         f"got {actual}; {fix} (nothing was cached)")
+
+
+def crd_path(file: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ,
+             timeout_s: float = DOWNLOAD_TIMEOUT_S) -> Path:
+    """The verified local path of CRD `file`, downloading it into the cache when no folder holds it."""
+    return resolve(file, repo_root=repo_root, environ=environ, timeout_s=timeout_s)[0]
+
+
+def resolve(file: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ,
+            timeout_s: float = DOWNLOAD_TIMEOUT_S) -> tuple[Path, bool]:
+    """`crd_path`, and whether the file had to be downloaded."""
+    if file not in SHA256:
+        raise ChartError(f"{file}: not a pinned KubeRay {VERSION} CRD (pinned: {', '.join(SHA256)})")
+    for folder in search_dirs(repo_root, environ):
+        path = folder / file
+        if path.is_file():
+            check_digest(path.read_bytes(), file, str(path),
+                         fix=f"replace it with the v{VERSION} release's file, or delete it to have it downloaded")
+            return path, False
+    url = f"{base_url(environ)}/{file}"
+    data = _download(url, file, repo_root, environ, timeout_s)
+    check_digest(data, file, url, fix=f"{BASE_URL_ENV} must serve the v{VERSION} release's files")
+    return _cache(data, file, repo_root), True
+
+
+def _download(url: str, file: str, repo_root: Path, environ: Mapping[str, str], timeout_s: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read()
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and HTTPError are OSErrors
+        reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
+        looked = ", ".join(str(d) for d in search_dirs(repo_root, environ))
+        raise ChartError(
+            f"{file}: KubeRay {VERSION} CRD not found (looked in {looked}) and the download from {url} failed "
+            f"({reason}). Provide the CRDs ({', '.join(SHA256)}) one of three ways: set {DIR_ENV} to a folder "
+            f"holding them; put them in {shared_dir(repo_root)}; or run `make setup` where {url.rsplit('/', 1)[0]} "
+            f"can be reached (or with {BASE_URL_ENV} set to a mirror of it), which caches them in "
+            f"{cache_dir(repo_root)}") from None
+
+
+def _cache(data: bytes, file: str, repo_root: Path) -> Path:
+    folder = cache_dir(repo_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed: a concurrent reader sees the whole file or none.
+    fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / file)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return folder / file
+
+
+def main() -> int:
+    """Resolve every pinned CRD; one line per file that had to be downloaded; exit 2 with the reason on failure."""
+    for file in SHA256:
+        try:
+            _, downloaded = resolve(file)
+        except ChartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if downloaded:
+            print(f"KubeRay {VERSION} CRD {file}: downloaded from {base_url()}, sha256 verified, cached in "
+                  f"{cache_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
