@@ -321,7 +321,8 @@ class JobConfig(_Strict):
     )
     eval_fraction: float = Field(
         default=0.01, ge=0, lt=0.5,
-        description="Fraction held out from training (scored before/after in --local mode; 0: none).",
+        description="Fraction held out from training: its loss is computed across all ranks every "
+        "eval_every steps and after the last (0: none).",
     )
     seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
     micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")
@@ -337,6 +338,20 @@ class JobConfig(_Strict):
     checkpoint_every: int = Field(default=100, gt=0, description="Checkpoint interval, optimizer steps.")
     keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept by Ray.")
     report_every: int = Field(default=10, gt=0, description="Metrics report interval, optimizer steps.")
+    eval_every: int = Field(
+        default=100, gt=0,
+        description="Held-out loss and perplexity interval, optimizer steps (also after the last step).",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI (http(s)://server, sqlite:///file.db, ...) that rank 0 also sends the "
+        "metrics and the job's settings to (None: TensorBoard and metrics.jsonl only).",
+    )
+    collective_timeout_minutes: float = Field(
+        default=10, gt=0,
+        description="Minutes a collective may wait before the process group fails it (PyTorch's default: 30); "
+        "the NCCL flight recorder dumps its trace then.",
+    )
     max_failures: int = Field(default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).")
     activation_checkpointing: bool = Field(default=True, description="Recompute activations in backward.")
     compile: bool = Field(default=False, description="torch.compile each decoder layer.")
