@@ -343,7 +343,7 @@ class JobConfig(_Strict):
         description="Held-out loss and perplexity interval, optimizer steps (also after the last step).",
     )
     mlflow_tracking_uri: str | None = Field(
-        default=None,
+        default=None, pattern=r"^([A-Za-z][A-Za-z0-9+.-]*://.+|databricks)$",
         description="MLflow tracking URI (http(s)://server, sqlite:///file.db, ...) that rank 0 also sends the "
         "metrics and the job's settings to (None: TensorBoard and metrics.jsonl only).",
     )
@@ -470,7 +470,7 @@ class ClusterConfig(_Strict):
                 f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
 
         for j, requirement in enumerate(self.ray.extra_pip_packages):
-            name = _requirement_name(requirement)
+            name = requirement_name(requirement)
             if name in PROTECTED_PACKAGES:
                 add(f"ray.extra_pip_packages.{j}", f"'{requirement}' would replace the image's {name}; "
                     "remove it (the image's torch/ray/transformers/NCCL stack is tested together)")
@@ -683,6 +683,7 @@ def _image_ray_version(image: str) -> str | None:
     return match.group(3) if match else None
 
 
-def _requirement_name(requirement: str) -> str:
+def requirement_name(requirement: str) -> str:
+    """The normalised distribution name of a pip requirement (`Foo_Bar[x]==1` -> `foo-bar`)."""
     name = re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0]
     return re.sub(r"[-_.]+", "-", name).lower()
