@@ -72,7 +72,7 @@ def test_local_world_size_is_rechecked(assets):
 
 
 def test_collective_timeout_and_tracking_reach_the_trainer(assets, tmp_path):
-    """job.collective_timeout_minutes becomes TorchConfig's timeout; a cluster run's folder is beside its checkpoints."""
+    """job.collective_timeout_minutes becomes TorchConfig's timeout; a cluster run's folder is by its checkpoints."""
     from config import load_config
     from workloads.fsdp_finetune.launch import build_trainer, cluster_plan, local_plan
 

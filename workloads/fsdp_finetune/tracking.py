@@ -72,6 +72,7 @@ class RunTracker:
             self._fetch(METRICS_FILE)  # the rows before the checkpoint are kept
         self.metrics = MetricsLog(self.local_dir / METRICS_FILE, resume_step=resume_step)
         self.title = f"{job['run_name']}: loss"
+        self._plot_warned = False
         self._tensorboard = self._open_tensorboard(resume_step)
         self._mlflow = None
         if job.get("mlflow_tracking_uri"):
@@ -166,7 +167,7 @@ class RunTracker:
         try:
             plot_loss(self.local_dir / METRICS_FILE, self.local_dir / LOSS_PLOT, title=self.title)
         except ImportError:
-            if not getattr(self, "_plot_warned", False):
+            if not self._plot_warned:
                 log.warning("matplotlib is not installed: no %s for this run", LOSS_PLOT)
                 self._plot_warned = True
 

@@ -314,8 +314,8 @@ def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world:
     if not records:
         return None
     # The token budget of one training micro-batch: scoring needs no more memory than training.
-    return HeldOutLoss(tokenizer, records, seq_len=job["seq_len"], token_budget=job["micro_batch_size"] * job[
-        "seq_len"], rank=rank, world_size=world)
+    budget = job["micro_batch_size"] * job["seq_len"]
+    return HeldOutLoss(tokenizer, records, seq_len=job["seq_len"], token_budget=budget, rank=rank, world_size=world)
 
 
 def _tracker(config: dict, *, resume_step: int, world: int):
