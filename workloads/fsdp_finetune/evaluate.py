@@ -120,10 +120,12 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _examples_loss(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss sum, label count) of right-padded (ids, labels) examples, as tensors on `device` (no host sync)."""
-    width = max(len(ids) for ids, _ in examples)
+def _examples_loss(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device, *,
+                   width_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum, label count) of right-padded (ids, labels) examples, as tensors on `device` (no host sync).
+
+    The batch is padded to a multiple of `width_multiple` positions."""
+    width = -(-max(len(ids) for ids, _ in examples) // width_multiple) * width_multiple
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
@@ -149,8 +151,11 @@ class HeldOutLoss:
     computes every shard's batch plan (the data is the same on all ranks, so no extra collective) and
     a rank with fewer batches runs a one-token batch with nothing to score. One all-reduce of
     (loss sum, token count) gives the token-weighted mean over the whole held-out set, the figure
-    one process would compute on it.
+    one process would compute on it. Batch widths are rounded up to a multiple of `WIDTH_MULTIPLE`,
+    so a `torch.compile`d model sees a few shapes, not one per batch (each new one recompiles).
     """
+
+    WIDTH_MULTIPLE = 64
 
     def __init__(self, tokenizer, records: Sequence[dict], *, seq_len: int, token_budget: int,
                  rank: int = 0, world_size: int = 1):
@@ -164,12 +169,13 @@ class HeldOutLoss:
         self.batches = plans[rank]
         self.steps = max(len(p) for p in plans)
 
-    @staticmethod
-    def _plan(examples: list, token_budget: int) -> list[list]:
-        """Consecutive (longest-first) examples per batch while rows x longest row fits `token_budget`."""
+    @classmethod
+    def _plan(cls, examples: list, token_budget: int) -> list[list]:
+        """Consecutive (longest-first) examples per batch while rows x padded width fits `token_budget`."""
         batches: list[list] = []
         for example in examples:
-            if batches and (len(batches[-1]) + 1) * len(batches[-1][0][0]) <= token_budget:
+            width = -(-len(batches[-1][0][0]) // cls.WIDTH_MULTIPLE) * cls.WIDTH_MULTIPLE if batches else 0
+            if batches and (len(batches[-1]) + 1) * width <= token_budget:
                 batches[-1].append(example)
             else:
                 batches.append([example])
@@ -187,7 +193,8 @@ class HeldOutLoss:
         try:
             for i in range(self.steps):
                 batch = self.batches[i] if i < len(self.batches) else [([self.pad_id], [IGNORE_INDEX])]
-                batch_sum, batch_count = _examples_loss(model, batch, self.pad_id, device)
+                batch_sum, batch_count = _examples_loss(model, batch, self.pad_id, device,
+                                                        width_multiple=self.WIDTH_MULTIPLE)
                 total += batch_sum
                 tokens += batch_count
         finally:
