@@ -343,7 +343,7 @@ class JobConfig(_Strict):
         description="Held-out loss and perplexity interval, optimizer steps (also after the last step).",
     )
     mlflow_tracking_uri: str | None = Field(
-        default=None, pattern=r"^([A-Za-z][A-Za-z0-9+.-]*://.+|databricks)$",
+        default=None,
         description="MLflow tracking URI (http(s)://server, sqlite:///file.db, ...) that rank 0 also sends the "
         "metrics and the job's settings to (None: TensorBoard and metrics.jsonl only).",
     )
@@ -365,6 +365,14 @@ class JobConfig(_Strict):
     timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
     retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
     ttl_hours: float = Field(default=1, ge=0, description="Hours a finished RayJob's cluster is kept.")
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://.+|databricks", value):
+            raise ValueError(f"'{value}' is not an MLflow tracking URI; use http(s)://host:port of a tracking "
+                             "server, sqlite:///path.db, file:///path or databricks (or null for none)")
+        return value
 
     def batch_problems(self, world_size: int) -> list[tuple[str, str]]:
         """(field, message) for a batch that does not split across `world_size` ranks, or warm-up that eats

@@ -136,3 +136,15 @@ def test_unreachable_mlflow_costs_only_mlflow(tmp_path, monkeypatch, caplog):
     warnings = [r.getMessage() for r in caplog.records if "MLflow" in r.getMessage()]
     assert len(warnings) == 1 and "off for this run" in warnings[0]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_tracking_uri_that_is_not_one_is_refused_at_load(tmp_path, capsys):
+    from config import load_or_exit
+    from tests.helpers import write_variant
+
+    path = write_variant(tmp_path, {"job": {"mlflow_tracking_uri": "mlflow.example.com"}})
+    with pytest.raises(SystemExit) as exc:
+        load_or_exit(path)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "job.mlflow_tracking_uri" in err and "http(s)://" in err and str(path) in err
