@@ -87,8 +87,9 @@ def workload(root: Path, steps: int, window: int):
     from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
     from workloads.fsdp_finetune.metrics import read_metrics
 
+    # Held-out loss only after the last step: extra mid-run reports would cut the windows short.
     plan, _ = local_plan(root / "ray", assets_dir=root / "assets", max_steps=steps, report_every=window,
-                         checkpoint_every=steps, warmup_steps=2, run_name="bench")
+                         checkpoint_every=steps, eval_every=steps, warmup_steps=2, run_name="bench")
     start_local_ray()
     result = run_training(plan)
     if result.error:

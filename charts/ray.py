@@ -9,6 +9,7 @@ node groups with.
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -46,7 +47,8 @@ from config.k8s import (
     system_node_labels,
     worker_pod_node_selector,
 )
-from config.model import ClusterConfig, PodResources, WorkerGroup
+from config.loader import REPO_ROOT
+from config.model import ClusterConfig, PodResources, WorkerGroup, requirement_name
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 CODE_VOLUME = "code"
@@ -67,6 +69,21 @@ OFI_NCCL_PLUGIN = "ofi"
 # `ray.train.report()` waits until the poll has taken the previous one. The controller reads it
 # from the job's environment (Ray Train propagates it from the driver).
 RAY_TRAIN_HEALTH_CHECK_INTERVAL_S = "1.0"
+# PyTorch's NCCL flight recorder: a ring buffer of the last collectives each rank issued (with
+# their Python stacks), dumped to a file per rank when a collective times out
+# (job.collective_timeout_minutes), so a hang says which rank stopped where. 2,000 entries are a
+# few MB of host memory per rank. The dump goes to the Ray log folder, which `ray logs` and the
+# dashboard already reach: <prefix><global rank>.
+FLIGHT_RECORDER_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_DUMP_TEMP_FILE": "/tmp/ray/session_latest/logs/nccl_flight_recorder_rank_",
+}
+# Packages the job imports that the image is not known to ship, by the setting that needs them;
+# installed from the runtime env at the version requirements.txt pins (what the tests ran). The
+# TensorBoard writer (tensorboardX) is a dependency of ray[train], so every Ray Train image has it.
+MLFLOW_CLIENT = "mlflow-skinny"
+REQUIREMENTS_FILE = REPO_ROOT / "requirements.txt"
 
 
 def cluster_name(config: ClusterConfig) -> str:
@@ -104,11 +121,34 @@ def job_env(config: ClusterConfig) -> dict[str, str]:
     }
 
 
+def pinned_requirement(name: str) -> str:
+    """`name==version` as requirements.txt pins it (KeyError naming the file when it is not pinned there)."""
+    for line in REQUIREMENTS_FILE.read_text().splitlines():
+        match = re.fullmatch(r"([A-Za-z0-9_.\[\],-]+)==([^\s#;]+).*", line.strip())
+        if match and requirement_name(match.group(1)) == requirement_name(name):
+            return f"{name}=={match.group(2)}"
+    raise KeyError(f"{REQUIREMENTS_FILE}: {name} is not pinned (name==version)")
+
+
+def job_pip(config: ClusterConfig) -> list[str]:
+    """pip requirements of the runtime env: `ray.extra_pip_packages`, then what the job's settings need.
+
+    The MLflow client only when `job.mlflow_tracking_uri` is set (and not already listed): the
+    default job installs nothing, so it starts without a pip step.
+    """
+    pip = list(config.ray.extra_pip_packages)
+    listed = {requirement_name(r) for r in pip}
+    if config.job.mlflow_tracking_uri and requirement_name(MLFLOW_CLIENT) not in listed:
+        pip.append(pinned_requirement(MLFLOW_CLIENT))
+    return pip
+
+
 def runtime_env(config: ClusterConfig) -> dict:
-    """The Ray runtime environment of the job: extra pip packages (if any) and the job env."""
+    """The Ray runtime environment of the job: pip packages (if any) and the job env."""
     env: dict = {}
-    if config.ray.extra_pip_packages:
-        env["pip"] = list(config.ray.extra_pip_packages)
+    pip = job_pip(config)
+    if pip:
+        env["pip"] = pip
     env["env_vars"] = job_env(config)
     return env
 
@@ -150,7 +190,8 @@ def _shm_mount() -> VolumeMount:
 
 def _code_env(config: ClusterConfig) -> dict[str, str]:
     # The mount is read-only: without this every import tries (and fails) to write __pycache__.
-    return {"PYTHONPATH": bundle.MOUNT_PATH, "PYTHONDONTWRITEBYTECODE": "1", **job_env(config)}
+    return {"PYTHONPATH": bundle.MOUNT_PATH, "PYTHONDONTWRITEBYTECODE": "1", **job_env(config),
+            **FLIGHT_RECORDER_ENV}
 
 
 def _code_volume(config: ClusterConfig, code: bundle.CodeBundle) -> Volume:

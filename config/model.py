@@ -329,7 +329,8 @@ class JobConfig(_Strict):
     )
     eval_fraction: float = Field(
         default=0.01, ge=0, lt=0.5,
-        description="Fraction held out from training (scored before/after in --local mode; 0: none).",
+        description="Fraction held out from training: its loss is computed across all ranks every "
+        "eval_every steps and after the last (0: none).",
     )
     seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
     micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")
@@ -345,6 +346,20 @@ class JobConfig(_Strict):
     checkpoint_every: int = Field(default=100, gt=0, description="Checkpoint interval, optimizer steps.")
     keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept by Ray.")
     report_every: int = Field(default=10, gt=0, description="Metrics report interval, optimizer steps.")
+    eval_every: int = Field(
+        default=100, gt=0,
+        description="Held-out loss and perplexity interval, optimizer steps (also after the last step).",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI (http(s)://server, sqlite:///file.db, ...) that rank 0 also sends the "
+        "metrics and the job's settings to (None: TensorBoard and metrics.jsonl only).",
+    )
+    collective_timeout_minutes: float = Field(
+        default=10, gt=0,
+        description="Minutes a collective may wait before the process group fails it (PyTorch's default: 30); "
+        "the NCCL flight recorder dumps its trace then.",
+    )
     max_failures: int = Field(default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).")
     activation_checkpointing: bool = Field(default=True, description="Recompute activations in backward.")
     compile: bool = Field(default=False, description="torch.compile each decoder layer.")
@@ -358,6 +373,14 @@ class JobConfig(_Strict):
     timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
     retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
     ttl_hours: float = Field(default=1, ge=0, description="Hours a finished RayJob's cluster is kept.")
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _tracking_uri(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://.+|databricks", value):
+            raise ValueError(f"'{value}' is not an MLflow tracking URI; use http(s)://host:port of a tracking "
+                             "server, sqlite:///path.db, file:///path or databricks (or null for none)")
+        return value
 
     def batch_problems(self, world_size: int) -> list[tuple[str, str]]:
         """(field, message) for a batch that does not split across `world_size` ranks, or warm-up that eats
@@ -466,7 +489,7 @@ class ClusterConfig(_Strict):
                 f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
 
         for j, requirement in enumerate(self.ray.extra_pip_packages):
-            name = _requirement_name(requirement)
+            name = requirement_name(requirement)
             if name in PROTECTED_PACKAGES:
                 add(f"ray.extra_pip_packages.{j}", f"'{requirement}' would replace the image's {name}; "
                     "remove it (the image's torch/ray/transformers/NCCL stack is tested together)")
@@ -736,6 +759,7 @@ def _image_ray_version(image: str) -> str | None:
     return match.group(3) if match else None
 
 
-def _requirement_name(requirement: str) -> str:
+def requirement_name(requirement: str) -> str:
+    """The normalised distribution name of a pip requirement (`Foo_Bar[x]==1` -> `foo-bar`)."""
     name = re.split(r"[\s<>=!~;\[@]", requirement.strip(), maxsplit=1)[0]
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -383,6 +383,28 @@ def test_default_runtime_env_has_no_pip(default):
     assert "pip" not in yaml.safe_load(default.one("RayJob")["spec"]["runtimeEnvYAML"])
 
 
+def test_mlflow_uri_adds_the_pinned_client_to_the_runtime_env(tmp_path):
+    pin = next(line for line in (REPO / "requirements.txt").read_text().splitlines()
+               if line.startswith("mlflow-skinny=="))
+    synth = _synth(write_variant(tmp_path, {"job": {"mlflow_tracking_uri": "https://mlflow.example.com"},
+                                            "ray": {"extra_pip_packages": ["tabulate"]}}))
+    runtime_env = yaml.safe_load(synth.one("RayJob")["spec"]["runtimeEnvYAML"])
+    assert runtime_env["pip"] == ["tabulate", pin]
+    # Listed by the user already: not twice.
+    listed = write_variant(tmp_path, {"job": {"mlflow_tracking_uri": "https://mlflow.example.com"},
+                                      "ray": {"extra_pip_packages": ["MLflow_Skinny==3.17.0"]}}, name="own.yaml")
+    assert ray.job_pip(load_config(listed)) == ["MLflow_Skinny==3.17.0"]
+
+
+def test_head_and_workers_run_the_nccl_flight_recorder(any_synth):
+    for template in _pod_templates(any_synth.cluster_spec):
+        env = _env(_container(template))
+        assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+        assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+        # One file per rank, in the Ray log folder of the pod's current session.
+        assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith("/tmp/ray/session_latest/logs/")
+
+
 # ---- 4. image pre-pull DaemonSet ---------------------------------------------------------------
 
 

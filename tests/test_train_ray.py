@@ -23,7 +23,7 @@ from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 
 # Small enough for a few seconds of training per run, with checkpoints to resume from mid-run.
 JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
-           checkpoint_every=4, report_every=2, learning_rate=3e-3)
+           checkpoint_every=4, report_every=2, eval_every=5, learning_rate=3e-3)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,12 @@ def reference(cluster, root):
 def test_loss_falls_and_held_out_score_improves(reference):
     plan, assets, _ = reference
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == list(range(2, 13, 2))
+    # Reports every 2 steps, plus the held-out loss every 5 (an off-report step reports too) and at the end.
+    assert [r["step"] for r in records] == [2, 4, 5, 6, 8, 10, 12]
+    assert [r["step"] for r in records if "eval_loss" in r] == [5, 10, 12]
+    held_out = [r["eval_loss"] for r in records if "eval_loss" in r]
+    assert held_out[-1] < held_out[0]
+    assert all(r["eval_tokens"] == records[-1]["eval_tokens"] > 0 for r in records if "eval_loss" in r)
     assert records[-1]["loss"] < 0.7 * records[0]["loss"]
     for key in ("lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s"):
         assert records[-1][key] > 0, key
@@ -76,6 +81,30 @@ def test_loss_falls_and_held_out_score_improves(reference):
     after = evaluate_dir(plan.export_uri, assets.eval_records[:20], plan.job)
     assert after["loss"] < 0.7 * before["loss"]
     assert os.path.isfile(os.path.join(plan.export_uri, "model.safetensors"))
+
+
+def test_run_folder_has_tensorboard_events_and_the_plot(reference):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plan, _, _ = reference
+    acc = EventAccumulator(plan.run_dir)
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/loss")] == [5, 10, 12]
+    assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 5, 6, 8, 10, 12]
+    assert os.path.isfile(os.path.join(plan.run_dir, "loss.png"))
+
+
+def test_checkpoints_were_uploaded_in_the_background_and_their_local_copies_deleted(reference):
+    import tempfile
+
+    plan, _, result = reference
+    run = os.path.join(plan.storage_path, plan.job.run_name)
+    kept = sorted(d for d in os.listdir(run) if d.startswith("checkpoint_step_"))
+    assert kept == ["checkpoint_step_0000008", "checkpoint_step_0000012"]  # keep_checkpoints=2
+    for rank in range(2):
+        staging = os.path.join(tempfile.gettempdir(), f"fsdp-finetune-{plan.job.run_name}-rank{rank}")
+        assert os.listdir(staging) == []  # every staged checkpoint was deleted once uploaded
+    assert result.metrics["step"] == 12 and "eval_loss" in result.metrics  # the last report's figures
 
 
 def test_export_reloads_with_the_trained_weights(reference):
@@ -109,7 +138,7 @@ def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root)
     assert result.error is None
     assert marker.read_text().startswith("killed at step 6")
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == list(range(2, 13, 2))  # replayed steps are not logged twice
+    assert [r["step"] for r in records] == [2, 4, 5, 6, 8, 10, 12]  # replayed steps are not logged twice
     assert {r["resumed_from_step"] for r in records if r["step"] > 4} == {4}
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 
@@ -129,7 +158,7 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
     result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
     assert result.error is None
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == list(range(2, 13, 2))
+    assert [r["step"] for r in records] == [2, 4, 5, 6, 8, 10, 12]
     resumed = {r["resumed_from_step"] for r in records if r["step"] > 8}
     assert resumed in ({8}, {4})
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))

@@ -69,3 +69,20 @@ def test_local_world_size_is_rechecked(assets):
     assert str(problems[0]).startswith("local job: job.global_batch_size: 12 is not a multiple of")
     # The same batch splits fine on one worker of 4 x 3: the check is per world size.
     assert validate_job(bad, world_size=3, source=LOCAL_SOURCE) == []
+
+
+def test_collective_timeout_and_tracking_reach_the_trainer(assets, tmp_path):
+    """job.collective_timeout_minutes becomes TorchConfig's timeout; a cluster run's folder is by its checkpoints."""
+    from config import load_config
+    from workloads.fsdp_finetune.launch import build_trainer, cluster_plan, local_plan
+
+    plan, _ = local_plan(tmp_path / "out", assets_dir=assets.model_dir.parent, collective_timeout_minutes=2.5)
+    trainer = build_trainer(plan)
+    assert trainer.backend_config.timeout_s == 150
+    loop = trainer.train_loop_config
+    assert loop["run_dir"] == str((tmp_path / "out").resolve()) and loop["driver_progress"] is True
+    assert loop["eval_records"] == plan.eval_records and loop["eval_records"]
+    config = load_config(write_variant(tmp_path, {"job": {"run_name": "r1"}}))
+    cluster = cluster_plan(config, storage_path="s3://bucket/prefix/checkpoints")
+    assert cluster.run_dir == "s3://bucket/prefix/checkpoints/r1"
+    assert build_trainer(cluster).backend_config.timeout_s == 600  # the default, 10 minutes

@@ -119,11 +119,18 @@ def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | 
 
 
 def filesystem(location: str):
-    """(pyarrow filesystem, path) for a local path or a URI pyarrow understands (s3://...)."""
+    """(pyarrow filesystem, path) for a local path or a URI: pyarrow's own (s3://...), else fsspec's (memory://...)."""
+    import pyarrow as pa
     import pyarrow.fs as pafs
 
     if "://" in location:
-        return pafs.FileSystem.from_uri(location)
+        try:
+            return pafs.FileSystem.from_uri(location)
+        except pa.ArrowInvalid:  # a scheme pyarrow lacks: through fsspec, as Ray Train's storage does
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(location)
+            return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
     return pafs.LocalFileSystem(), str(Path(location).resolve())
 
 

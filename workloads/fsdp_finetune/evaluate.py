@@ -1,7 +1,8 @@
 """Held-out evaluation: greedy exact match and response-token loss, on a plain (unsharded) model.
 
-Used before and after training in local mode (the cluster run reports training metrics only;
-score its exported model with this module). Prompts are rendered with the same chat template as training
+`evaluate` scores a plain model in one process (the local driver, before and after training);
+`HeldOutLoss` scores the sharded model on every rank during training (`train_func`, every
+`job.eval_every` steps). Prompts are rendered with the same chat template as training
 (`data.tokenize_example`), so the scores measure what was trained.
 """
 
@@ -110,9 +111,21 @@ def _generate(model, tokenizer, instructions: list[str], device, max_new_tokens:
 
 def _response_loss(model, tokenizer, pairs: list[tuple[str, str]], device) -> tuple[float, int]:
     """Sum of response-token cross-entropy and the number of those tokens, for one batch."""
-    examples = tokenize_examples(tokenizer, pairs, mask_prompt=True)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(ids) for ids, _ in examples)
+    total, count = _examples_loss(model, tokenize_examples(tokenizer, pairs, mask_prompt=True), _pad_id(tokenizer),
+                                  device)
+    return float(total), int(count)
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def _examples_loss(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, device, *,
+                   width_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss sum, label count) of right-padded (ids, labels) examples, as tensors on `device` (no host sync).
+
+    The batch is padded to a multiple of `width_multiple` positions."""
+    width = -(-max(len(ids) for ids, _ in examples) // width_multiple) * width_multiple
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
@@ -122,4 +135,74 @@ def _response_loss(model, tokenizer, pairs: list[tuple[str, str]], device) -> tu
         attention[row, : len(ids)] = 1
     # The training loss's own code (position t predicts token t+1), so the two are comparable.
     total = loss_sum(model, input_ids.to(device), labels.to(device), attention_mask=attention.to(device))
-    return float(total), int((labels[:, 1:] != IGNORE_INDEX).sum())
+    return total.to(torch.float64), (labels[:, 1:] != IGNORE_INDEX).sum().to(device)
+
+
+# ---- held-out loss during training, across ranks -----------------------------------------------
+
+
+class HeldOutLoss:
+    """Held-out loss and perplexity of the (sharded) model during training, every rank scoring its own shard.
+
+    The records are tokenized once (prompt masked, as `evaluate` scores them), cut to `seq_len`,
+    sorted by length and dealt round-robin to the ranks, so the shards are disjoint and about equally
+    long. Each rank packs its shard into right-padded batches of at most `token_budget` positions.
+    Under FSDP every forward is collective, so every rank runs the same number of batches: each
+    computes every shard's batch plan (the data is the same on all ranks, so no extra collective) and
+    a rank with fewer batches runs a one-token batch with nothing to score. One all-reduce of
+    (loss sum, token count) gives the token-weighted mean over the whole held-out set, the figure
+    one process would compute on it. Batch widths are rounded up to a multiple of `WIDTH_MULTIPLE`,
+    so a `torch.compile`d model sees a few shapes, not one per batch (each new one recompiles).
+    """
+
+    WIDTH_MULTIPLE = 64
+
+    def __init__(self, tokenizer, records: Sequence[dict], *, seq_len: int, token_budget: int,
+                 rank: int = 0, world_size: int = 1):
+        examples = tokenize_examples(tokenizer, [(str(r["instruction"]), str(r["response"])) for r in records],
+                                     mask_prompt=True)
+        examples = sorted(((ids[:seq_len], labels[:seq_len]) for ids, labels in examples),
+                          key=lambda e: len(e[0]), reverse=True)
+        self.count = len(examples)
+        self.pad_id = _pad_id(tokenizer)
+        plans = [self._plan(examples[r::world_size], token_budget) for r in range(world_size)]
+        self.batches = plans[rank]
+        self.steps = max(len(p) for p in plans)
+
+    @classmethod
+    def _plan(cls, examples: list, token_budget: int) -> list[list]:
+        """Consecutive (longest-first) examples per batch while rows x padded width fits `token_budget`."""
+        batches: list[list] = []
+        for example in examples:
+            width = -(-len(batches[-1][0][0]) // cls.WIDTH_MULTIPLE) * cls.WIDTH_MULTIPLE if batches else 0
+            if batches and (len(batches[-1]) + 1) * width <= token_budget:
+                batches[-1].append(example)
+            else:
+                batches.append([example])
+        return batches
+
+    @torch.no_grad()
+    def __call__(self, model, device) -> dict:
+        """`{"eval_loss", "eval_perplexity", "eval_tokens"}` over the whole held-out set (collective)."""
+        import torch.distributed as dist
+
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        tokens = torch.zeros((), dtype=torch.int64, device=device)
+        try:
+            for i in range(self.steps):
+                batch = self.batches[i] if i < len(self.batches) else [([self.pad_id], [IGNORE_INDEX])]
+                batch_sum, batch_count = _examples_loss(model, batch, self.pad_id, device,
+                                                        width_multiple=self.WIDTH_MULTIPLE)
+                total += batch_sum
+                tokens += batch_count
+        finally:
+            model.train(was_training)
+        figures = torch.stack([total, tokens.to(torch.float64)])
+        if dist.is_initialized():
+            dist.all_reduce(figures)
+        loss_sum_, count = figures.tolist()
+        loss = loss_sum_ / count if count else math.nan
+        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)) if count else math.nan,
+                "eval_tokens": int(count)}

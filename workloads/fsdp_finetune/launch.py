@@ -39,7 +39,7 @@ def local_job(assets, **overrides) -> JobConfig:
     The tiny model (~0.33M parameters) learns single-digit addition in ChatML from 4,000 generated
     examples: 2 workers x micro-batch 8 x 2 accumulation steps = 32 sequences of 128 tokens per step
     (~4,000 tokens, ~120 answers), a high learning rate because the model starts from random
-    weights, and a checkpoint every third of the run.
+    weights, a checkpoint every third of the run and the held-out loss every sixth.
     """
     values = dict(
         model=str(assets.model_dir),
@@ -60,6 +60,7 @@ def local_job(assets, **overrides) -> JobConfig:
         checkpoint_every=50,
         keep_checkpoints=2,
         report_every=5,
+        eval_every=25,
         max_failures=1,
         activation_checkpointing=False,
         compile=False,
@@ -176,6 +177,8 @@ class RunPlan:
     grad_accumulation: int
     gpu_peak_tflops: float | None
     metrics_path: str | None = None
+    run_dir: str | None = None  # metrics.jsonl, TensorBoard events, loss plot (tracking.RunTracker)
+    eval_records: list[dict] | None = None  # held-out records that replace the job's split (local assets)
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -191,11 +194,15 @@ def build_trainer(plan: RunPlan, **extra):
         resources["GPU"] = 1
     train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
-                                     metrics_path=plan.metrics_path, **extra)
+                                     run_dir=plan.run_dir, eval_records=plan.eval_records,
+                                     driver_progress=plan.metrics_path is not None, **extra)
+    # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
+    # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
+    timeout_s = round(job.collective_timeout_minutes * 60)
     return TorchTrainer(
         train_func,
         train_loop_config=train_config,
-        torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if plan.use_gpu else "gloo", timeout_s=timeout_s),
         scaling_config=ScalingConfig(num_workers=plan.num_workers, use_gpu=plan.use_gpu,
                                      resources_per_worker=resources),
         run_config=RunConfig(
@@ -216,6 +223,7 @@ def local_plan(output_dir: str | os.PathLike, *, max_steps: int | None = None, a
                **job_overrides) -> tuple[RunPlan, object]:
     """The plan of a local run under `output_dir` (assets generated under it unless `assets_dir`)."""
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
+    from workloads.fsdp_finetune.metrics import METRICS_FILE
 
     out = Path(output_dir).resolve()
     assets = prepare_local_assets(Path(assets_dir).resolve() if assets_dir else out / "assets")
@@ -231,7 +239,9 @@ def local_plan(output_dir: str | os.PathLike, *, max_steps: int | None = None, a
         cpus_per_worker=1,
         grad_accumulation=job.grad_accumulation(LOCAL_WORKERS),
         gpu_peak_tflops=None,
-        metrics_path=str(out / "metrics.jsonl"),
+        metrics_path=str(out / METRICS_FILE),
+        run_dir=str(out),
+        eval_records=assets.eval_records,
     )
     return plan, assets
 
@@ -339,6 +349,7 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         cpus_per_worker=config.cpus_per_worker,
         grad_accumulation=config.grad_accumulation,
         gpu_peak_tflops=config.gpu_peak_tflops,
+        run_dir=f"{storage.rstrip('/')}/{job.run_name}",  # the run's own folder, beside Ray's checkpoints
     )
 
 
@@ -391,14 +402,17 @@ def _main_local(args, config: ClusterConfig) -> int:
     if result.error:
         return run_log.failed(result.error)
 
-    from workloads.fsdp_finetune.metrics import plot_loss, read_metrics
+    from workloads.fsdp_finetune.metrics import read_metrics
+    from workloads.fsdp_finetune.tracking import LOSS_PLOT
 
-    png = plot_loss(plan.metrics_path, out / "loss.png", title=f"{plan.job.run_name}: training loss")
+    png = out / LOSS_PLOT  # drawn by rank 0 beside metrics.jsonl and the TensorBoard events
     records = read_metrics(plan.metrics_path)
+    held_out = [r for r in records if "eval_loss" in r]
     after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
     summary = {
         "train_loss_first": records[0]["loss"] if records else None,
         "train_loss_last": records[-1]["loss"] if records else None,
+        "eval_loss_during_training": {r["step"]: round(r["eval_loss"], 4) for r in held_out},
         "eval_exact_match_before": before["exact_match"],
         "eval_exact_match_after": after["exact_match"],
         "eval_loss_before": before["loss"],
@@ -407,8 +421,12 @@ def _main_local(args, config: ClusterConfig) -> int:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "model_dir": plan.export_uri,
         "metrics": plan.metrics_path,
-        "loss_png": str(png) if png else None,
+        "loss_png": str(png) if png.exists() else None,
+        "tensorboard": f"tensorboard --logdir {out}",
     }
+    if held_out:
+        print("held-out loss during training (all ranks): "
+              + ", ".join(f"step {r['step']} {r['eval_loss']:.3f}" for r in held_out))
     print(f"after training:  held-out exact match {after['exact_match']:.1%}, loss {after['loss']:.3f}")
     print(f"training loss {summary['train_loss_first']:.3f} -> {summary['train_loss_last']:.3f}; "
           f"{summary['wall_time_s']:.0f} s in all")

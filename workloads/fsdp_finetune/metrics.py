@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+METRICS_FILE = "metrics.jsonl"
+"""Name of the JSON Lines metrics file in a run's folder (`tracking.RunTracker`)."""
+
 
 def matmul_params(model_config) -> int:
     """Parameters that take part in a matmul per token (N above), from a Hugging Face config."""
@@ -89,7 +92,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def plot_loss(metrics_path: str | os.PathLike, png_path: str | os.PathLike, *, title: str = "") -> Path | None:
-    """Draw loss (and learning rate, right axis) against step into a PNG; None when nothing to plot."""
+    """Draw training and held-out loss (and learning rate, right axis) against step into a PNG; None if no rows."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a worker or in CI
@@ -101,6 +104,10 @@ def plot_loss(metrics_path: str | os.PathLike, png_path: str | os.PathLike, *, t
     steps = [r["step"] for r in records]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot(steps, [r["loss"] for r in records], color="tab:blue", marker=".", label="training loss")
+    held_out = [r for r in records if r.get("eval_loss") is not None]
+    if held_out:
+        ax.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], color="tab:green", marker="o",
+                label="held-out loss")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (mean token cross-entropy)")
     ax.grid(alpha=0.3)
@@ -108,6 +115,7 @@ def plot_loss(metrics_path: str | os.PathLike, png_path: str | os.PathLike, *, t
         ax2 = ax.twinx()
         ax2.plot(steps, [r["lr"] for r in records], color="tab:orange", alpha=0.6, label="learning rate")
         ax2.set_ylabel("learning rate")
+    ax.legend(loc="upper right")
     ax.set_title(title or "loss")
     fig.tight_layout()
     png_path = Path(png_path)

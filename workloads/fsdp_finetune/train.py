@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -20,8 +21,9 @@ import torch.distributed as dist
 
 from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
 from workloads.fsdp_finetune.data import IGNORE_INDEX
+from workloads.fsdp_finetune.evaluate import HeldOutLoss
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
-from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
+from workloads.fsdp_finetune.metrics import mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
 
 log = logging.getLogger("fsdp_finetune")
@@ -43,20 +45,26 @@ def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str 
 
 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
-                      metrics_path: str | None = None, **extra) -> dict:
+                      run_dir: str | None = None, eval_records: list[dict] | None = None,
+                      driver_progress: bool = False, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
-    model; `metrics_path` (local runs: workers share the machine) is the JSON Lines file rank 0
-    appends to. `extra` carries test knobs: `fail_at_step` + `fail_marker` make the last rank
-    kill itself once (the marker file records that it did), to exercise restarts.
+    model; `run_dir` (a local path or a storage URI) is where rank 0 keeps the run's metrics.jsonl,
+    TensorBoard events and loss plot (`tracking.RunTracker`). `eval_records` replace the held-out
+    split (the local assets hold out their own questions); `driver_progress` says the driver draws
+    a progress bar from metrics.jsonl, so rank 0 does not also log every report. `extra` carries
+    test knobs: `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
+    records that it did), to exercise restarts.
     """
     return {
         "job": dict(job),
         "grad_accumulation": int(grad_accumulation),
         "gpu_peak_tflops": gpu_peak_tflops,
         "export_uri": export_uri,
-        "metrics_path": metrics_path,
+        "run_dir": run_dir,
+        "eval_records": eval_records,
+        "driver_progress": driver_progress,
         **extra,
     }
 
@@ -189,7 +197,7 @@ def train_func(config: dict) -> None:
 
     path = fetch_weights(job["model"], local_rank=local_rank)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    train_ds, _ = build_datasets(_job_for_data(job), tokenizer)  # held-out records: scored by the local driver
+    train_ds, held_out_records = build_datasets(_job_for_data(job), tokenizer)
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
                              seed=job["seed"])
 
@@ -220,8 +228,9 @@ def train_func(config: dict) -> None:
              job["model"], n_params / 1e6, world, config["grad_accumulation"], job["micro_batch_size"],
              job["seq_len"])
 
-    metrics_log = MetricsLog(config["metrics_path"], resume_step=step) if rank == 0 and config.get(
-        "metrics_path") else None
+    held_out = _held_out(config, held_out_records, tokenizer, rank=rank, world=world)
+    tracker = _tracker(config, resume_step=step, world=world) if rank == 0 else None
+    staging = _checkpoint_staging(job["run_name"], rank)
     peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
     batch_iter = iter(batches)
     window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
@@ -242,7 +251,8 @@ def train_func(config: dict) -> None:
         last_grad_norm = out["grad_norm"]
 
         save = step % job["checkpoint_every"] == 0 or step == job["max_steps"]
-        if not (save or step % job["report_every"] == 0):
+        evaluate_now = held_out is not None and (step % job["eval_every"] == 0 or step == job["max_steps"])
+        if not (save or evaluate_now or step % job["report_every"] == 0):
             continue
         # One host sync per report, not per step: the window's figures are averages.
         loss = float(torch.stack(window_loss).sum() / torch.stack(window_label_tokens).sum().clamp(min=1))
@@ -265,24 +275,69 @@ def train_func(config: dict) -> None:
             "epoch": batches.state_dict().get("epoch", 0),
             "resumed_from_step": start_step,
         }
-        if metrics_log is not None:
-            metrics_log.write(metrics)
-        if metrics_log is None:  # a local run's driver draws its own bar from the metrics file
-            log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs", step, loss, lr,
-                     metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"])
+        if evaluate_now:
+            metrics.update(held_out(model, device))
+            # Held-out scoring is not training: the next throughput window starts after it.
+            window_start = time.perf_counter()
+        if tracker is not None:
+            tracker.log(metrics, plot=save or evaluate_now)
+        if not config.get("driver_progress"):  # a local run's driver draws its own bar from metrics.jsonl
+            log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs%s", step, loss, lr,
+                     metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"],
+                     f" eval_loss {metrics['eval_loss']:.4f}" if evaluate_now else "")
+        checkpoint = None
         if save:
-            with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-                save_checkpoint(tmp, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                                data_state=batches.state_dict(), device=device)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}")
-        else:
-            ray.train.report(metrics)
+            # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
+            # while training goes on (ASYNC), then deletes it.
+            directory = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=staging)
+            save_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                            data_state=batches.state_dict(), device=device)
+            checkpoint = ray.train.Checkpoint.from_directory(directory)
+        # Every report asynchronous, not only the checkpoints': reports are taken in order, so a
+        # synchronous one would wait for the upload of the checkpoint before it.
+        ray.train.report(metrics, checkpoint=checkpoint,
+                         checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}" if save else None,
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
         window_steps, window_tokens = 0, 0
         window_loss, window_label_tokens = [], []
 
     export_hf_model(model, tokenizer, config["export_uri"], dtype=export_dtype)
     log.info("exported the model to %s", config["export_uri"])
+    if tracker is not None:
+        tracker.close()
+
+
+def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world: int) -> HeldOutLoss | None:
+    """The held-out scorer (None without held-out records): the split's records, or the config's own."""
+    job = config["job"]
+    records = config.get("eval_records") or records
+    if not records:
+        return None
+    # The token budget of one training micro-batch: scoring needs no more memory than training.
+    budget = job["micro_batch_size"] * job["seq_len"]
+    return HeldOutLoss(tokenizer, records, seq_len=job["seq_len"], token_budget=budget, rank=rank, world_size=world)
+
+
+def _tracker(config: dict, *, resume_step: int, world: int):
+    """Rank 0's `RunTracker` in the run's folder (None when the plan names none)."""
+    if not config.get("run_dir"):
+        return None
+    from workloads.fsdp_finetune.tracking import RunTracker
+
+    settings = {"world_size": world, "grad_accumulation": config["grad_accumulation"]}
+    return RunTracker(config["run_dir"], job=config["job"], resume_step=resume_step, settings=settings)
+
+
+def _checkpoint_staging(run_name: str, rank: int) -> str:
+    """This rank's local folder for checkpoints waiting for upload, emptied of a killed attempt's leftovers.
+
+    Per rank, so ranks sharing a node never touch each other's; a restarted group starts only after
+    the old one is gone, so nothing left here is still being uploaded.
+    """
+    staging = Path(tempfile.gettempdir()) / f"fsdp-finetune-{run_name}-rank{rank}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return str(staging)
 
 
 def _job_for_data(job: dict):
