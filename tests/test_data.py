@@ -467,6 +467,50 @@ def test_build_datasets_splits_deterministically_and_packs(assets, tokenizer, ca
     assert short.truncated_tokens == train.example_tokens - 380 * 12 and short.padding_tokens == 0
 
 
+# ---- epochs ----------------------------------------------------------------------------------------
+
+
+def test_dataset_epochs_counts_formatted_tokens_and_warns_above_the_threshold(assets, tokenizer, capsys):
+    settings = job(dataset=str(assets.dataset_path), seq_len=64, micro_batch_size=2, global_batch_size=8,
+                   max_steps=80, max_epochs_warning=3)
+    # The count by hand: the training split's conversations, rendered and tokenized, one EOS each.
+    pairs = [(r["instruction"], r["response"]) for r in map(json.loads, assets.dataset_path.read_text().splitlines())]
+    train_pairs, _ = data.split_pairs(pairs, seed=settings.seed, eval_fraction=settings.eval_fraction)
+    tokens = sum(len(tokenizer(data.render_chat(tokenizer, i, r), add_special_tokens=False)["input_ids"]) + 1
+                 for i, r in train_pairs)
+    blocks = len(data.build_datasets(settings, tokenizer)[0])
+    epochs = 80 * 8 / (blocks // 4 * 4)  # world size 2 x micro-batch 2: whole rounds of 4 blocks per epoch
+    assert 3 < epochs < 20
+
+    assert data.dataset_epochs(settings, world_size=2, tokenizer=tokenizer) == pytest.approx(epochs)
+    out, err = capsys.readouterr()
+    assert f"{len(train_pairs):,} training examples, {tokens:,} tokens after formatting" in out
+    assert f"{blocks:,} blocks of 64" in out and f"= {epochs:.2f} epochs" in out
+    assert "warning: job.max_steps=80 trains" in err and "job.max_epochs_warning=3" in err
+
+    calm = settings.model_copy(update={"max_epochs_warning": epochs + 0.01})
+    assert data.dataset_epochs(calm, world_size=2, tokenizer=tokenizer) == pytest.approx(epochs)
+    assert "warning" not in capsys.readouterr().err
+    # Not on this machine: `config check` skips it; nothing is read or printed.
+    assert data.dataset_epochs(job(dataset="yahma/alpaca-cleaned"), world_size=2, local_only=True) is None
+    assert capsys.readouterr() == ("", "")
+
+
+def test_config_check_shows_the_epochs_of_a_local_dataset(assets, tmp_path, capsys):
+    from config.__main__ import main as config_main
+    from tests.helpers import write_variant
+
+    path = write_variant(tmp_path, {"job": {"model": str(assets.model_dir), "dataset": str(assets.dataset_path),
+                                            "instruction_field": "instruction", "response_field": "response",
+                                            "input_field": None,
+                                            "seq_len": 64, "max_steps": 30, "warmup_steps": 2}})
+    assert config_main(["check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "world size 8" in out and "tokens after formatting" in out
+    # 30 steps x 64 blocks on a few hundred blocks (world size 8 x micro-batch 4 per round): several epochs.
+    assert "epochs" in out.splitlines()[-1] and "job.max_epochs_warning=3" in err
+
+
 # ---- sharding --------------------------------------------------------------------------------------
 
 
