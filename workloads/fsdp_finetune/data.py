@@ -626,7 +626,7 @@ def build_datasets(job, tokenizer, *, cache_dir: str | os.PathLike | None = None
     return dataset, eval_records
 
 
-def dataset_epochs(job, *, world_size: int, tokenizer=None, local_only: bool = False, out=None) -> float | None:
+def dataset_epochs(job, *, world_size: int, tokenizer=None, local_only: bool = False) -> float | None:
     """Print how many tokens the training split holds after formatting and the epochs `max_steps` implies.
 
     Builds the packed training set exactly as every worker will (`build_datasets`), so the figures
@@ -638,7 +638,6 @@ def dataset_epochs(job, *, world_size: int, tokenizer=None, local_only: bool = F
     """
     import sys
 
-    out = out or sys.stdout
     try:
         if local_only and _classify(job.dataset).kind not in ("file", "saved", "dir"):
             return None
@@ -656,7 +655,7 @@ def dataset_epochs(job, *, world_size: int, tokenizer=None, local_only: bool = F
     print(f"data: {dataset.num_examples:,} training examples, {tokens:,} tokens after formatting "
           f"({dataset.trained_tokens:,} trained), packed whole into {len(dataset):,} blocks of {job.seq_len} "
           f"({dataset.fill:.1%} filled, {dataset.truncated_examples:,} truncated); max_steps={job.max_steps} x "
-          f"global_batch_size={job.global_batch_size} = {epochs:.2f} epochs", file=out, flush=True)
+          f"global_batch_size={job.global_batch_size} = {epochs:.2f} epochs", flush=True)
     if epochs > job.max_epochs_warning:
         steps = job.max_steps / epochs
         print(f"warning: job.max_steps={job.max_steps} trains {epochs:.1f} epochs of {job.dataset}, over "
