@@ -156,11 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     headline = {c["set"]: c for c in cases if c["set"] in HEADLINE_SETS and c["seq_len"] == cluster_seq_len}
     worst = min(c["whole_example_packing"] for c in headline.values())
     met = worst >= TARGET
-    print("headline at seq_len=%d: " % cluster_seq_len + "; ".join(
-        f"{name}: whole-example packing {c['whole_example_packing']:.4f}, concatenation {c['concatenation']:.4f}, "
-        f"padding {c['padding']:.4f}" for name, c in headline.items())
-        + f"; target {TARGET} for whole-example packing: {'met' if met else 'NOT met'} "
-        f"({time.perf_counter() - start:.1f} s)")
+    figures = "; ".join(f"{name}: whole-example packing {c['whole_example_packing']:.4f}, concatenation "
+                        f"{c['concatenation']:.4f}, padding {c['padding']:.4f}" for name, c in headline.items())
+    print(f"headline at seq_len={cluster_seq_len}: {figures}; target {TARGET} for whole-example packing: "
+          f"{'met' if met else 'NOT met'} ({time.perf_counter() - start:.1f} s)")
     print(json.dumps({
         "bench": "packing",
         "seq_len": cluster_seq_len,

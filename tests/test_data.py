@@ -429,7 +429,8 @@ def test_flash_varlen_arguments_reach_every_layer_and_keep_examples_apart():
 def test_varlen_kwargs_are_cumulative_sequence_lengths_over_the_flattened_batch():
     positions = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
     kwargs = data.varlen_kwargs(positions)
-    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12] and str(kwargs["cu_seq_lens_q"].dtype) == "torch.int32"
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12]
+    assert str(kwargs["cu_seq_lens_q"].dtype) == "torch.int32"
     assert kwargs["cu_seq_lens_k"] is kwargs["cu_seq_lens_q"]
     assert kwargs["max_length_q"] == kwargs["max_length_k"] == 4 and isinstance(kwargs["max_length_q"], int)
     batch = data.make_batch(positions, positions, positions, varlen=True)

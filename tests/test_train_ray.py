@@ -96,7 +96,8 @@ def test_export_reloads_with_the_trained_weights(reference):
     # weight is stored once: asking for its alias too would fail.
     dcp.load(state, checkpoint_id=result.checkpoint.path)
     assert trained.load_state_dict(state["model"], strict=False).missing_keys == ["lm_head.weight"]
-    assert "model.lm_head.weight" not in dcp.FileSystemReader(result.checkpoint.path).read_metadata().state_dict_metadata
+    stored = dcp.FileSystemReader(result.checkpoint.path).read_metadata().state_dict_metadata
+    assert "model.model.embed_tokens.weight" in stored and "model.lm_head.weight" not in stored
     # The export, too, holds the tied weight once, and reloads tied.
     assert "lm_head.weight" not in _weights(plan.export_uri)
     assert exported.lm_head.weight is exported.model.embed_tokens.weight
