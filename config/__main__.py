@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     config = load_or_exit(args.file)
     print(f"{resolve_path(args.file)}: OK")
     print(plan(config))
+    from workloads.fsdp_finetune.data import dataset_epochs  # here: the config package loads without the workload
+
+    dataset_epochs(config.job, world_size=config.world_size, local_only=True)
     return 0
 
 

@@ -341,6 +341,11 @@ class JobConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(default=20, ge=0, description="Linear warm-up, optimizer steps.")
     max_steps: int = Field(default=500, gt=0, description="Optimizer steps to train.")
+    max_epochs_warning: float = Field(
+        default=3, gt=0,
+        description="Epochs of the training split that max_steps may run before the driver warns (overfitting), "
+                    "epochs.",
+    )
     grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
     mask_prompt: bool = Field(default=True, description="Exclude prompt tokens from the loss.")
     checkpoint_every: int = Field(default=100, gt=0, description="Checkpoint interval, optimizer steps.")

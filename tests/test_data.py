@@ -23,6 +23,7 @@ from workloads.fsdp_finetune.local_assets import (  # noqa: E402
 )
 
 EOS = 0
+PAD = 10**6  # a pad id no example uses, so tests can tell padding apart
 
 
 def job(**overrides) -> JobConfig:
@@ -244,56 +245,200 @@ def _examples(lengths, prompt_lengths):
     return out
 
 
-def test_pack_loses_and_duplicates_no_token_and_keeps_labels_aligned():
+def _segments(position_ids):
+    """(start, end) of every run of positions 0, 1, 2, ... in one block."""
+    starts = np.flatnonzero(position_ids == 0).tolist()
+    return list(zip(starts, starts[1:] + [len(position_ids)], strict=True))
+
+
+def test_pack_keeps_every_example_whole_in_one_block():
     rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 40, size=60).tolist()
+    lengths = rng.integers(1, 40, size=80).tolist() + [48, 60]  # with EOS: two examples over seq_len
     prompts = [int(rng.integers(0, n + 1)) for n in lengths]  # includes fully masked examples
     examples = _examples(lengths, prompts)
-    seq_len = 32
-    input_ids, labels = data.pack(examples, seq_len, EOS)
-    assert input_ids.dtype == np.int64 and labels.dtype == np.int64
-    assert input_ids.shape == labels.shape == (input_ids.shape[0], seq_len)
+    seq_len = 48
+    packed = data.pack(examples, seq_len, EOS, pad_id=PAD)
+    assert packed.input_ids.dtype == packed.labels.dtype == packed.position_ids.dtype == np.int64
+    assert packed.input_ids.shape == packed.labels.shape == packed.position_ids.shape == (len(packed), seq_len)
 
-    # The expected stream, built independently: each example then its EOS, EOS labelled unless
-    # the example ended masked.
-    stream_ids, stream_labels = [], []
+    # Expected rows, built independently: the example, its EOS (labelled unless the example ended
+    # masked), the first label ignored, cut at seq_len.
+    expected = {}
     for ids, labs in examples:
-        stream_ids += ids + [EOS]
-        stream_labels += labs + [EOS if labs[-1] != IGNORE_INDEX else IGNORE_INDEX]
-    total = len(stream_ids)
-    assert input_ids.shape[0] == total // seq_len  # only the partial tail block is dropped
-    assert input_ids.ravel().tolist() == stream_ids[: input_ids.size]
-    assert labels.ravel().tolist() == stream_labels[: labels.size]
+        row_ids = ids + [EOS]
+        row_labels = [IGNORE_INDEX] + labs[1:] + [EOS if labs[-1] != IGNORE_INDEX else IGNORE_INDEX]
+        expected[ids[0]] = (row_ids[:seq_len], row_labels[:seq_len])
+    found = {}
+    for block in range(len(packed)):
+        segments = _segments(packed.position_ids[block])
+        for start, end in segments:
+            ids = packed.input_ids[block, start:end].tolist()
+            assert packed.position_ids[block, start:end].tolist() == list(range(end - start))
+            if ids[0] == PAD:  # the padding: one run at the end, ignored
+                assert (start, end) == segments[-1] and set(ids) == {PAD}
+                assert set(packed.labels[block, start:end].tolist()) == {IGNORE_INDEX}
+                continue
+            assert ids[0] not in found  # no example twice, none split (a split's tail would start mid-example)
+            found[ids[0]] = (ids, packed.labels[block, start:end].tolist())
+    assert found == expected
+    assert packed.num_examples == len(examples)
+    assert (packed.truncated_examples, packed.truncated_tokens) == (2, (48 + 1 - 48) + (60 + 1 - 48))
+    padding = int((packed.input_ids == PAD).sum())
+    assert packed.padding_tokens == padding == packed.input_ids.size - sum(min(n + 1, seq_len) for n in lengths)
+    assert packed.example_tokens == packed.input_ids.size - padding
+    # Best fit: fewer blocks than one per example, and no two blocks could merge.
+    used = sorted(seq_len - int((packed.input_ids[b] == PAD).sum()) for b in range(len(packed)))
+    assert used[0] + used[1] > seq_len
+    assert packed.fill > 0.9
 
-    kept = input_ids.ravel()
-    tokens = kept[kept != EOS]
-    assert len(np.unique(tokens)) == len(tokens)  # nothing duplicated
-    assert set(tokens.tolist()) == set(range(1, int(tokens.max()) + 1))  # nothing skipped before the tail
-    # Labels: a token is trained iff it is not in its example's prompt, i.e. label == id or IGNORE.
-    flat_labels = labels.ravel()
-    assert np.all((flat_labels == kept) | (flat_labels == IGNORE_INDEX))
-    masked = {tok for (ids, _), p in zip(examples, prompts, strict=True) for tok in ids[:p]}
-    for token, label in zip(kept.tolist(), flat_labels.tolist(), strict=True):
-        if token != EOS:
-            assert (label == IGNORE_INDEX) == (token in masked)
 
-
-def test_pack_puts_eos_between_examples_and_spans_blocks():
-    examples = _examples([3, 10, 2], [1, 4, 0])
-    input_ids, labels = data.pack(examples, 4, EOS)
-    # 3 + 1 + 10 + 1 + 2 + 1 = 18 tokens -> 4 blocks of 4, 2 dropped (the last example's tail).
-    assert input_ids.tolist() == [[1, 2, 3, EOS], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, EOS, 14]]
-    assert labels.tolist() == [[-100, 2, 3, EOS], [-100, -100, -100, -100], [8, 9, 10, 11], [12, 13, EOS, 14]]
-
-
-def test_pack_edge_cases():
-    ids, labels = data.pack([], 8, EOS)
-    assert ids.shape == labels.shape == (0, 8)
-    ids, labels = data.pack(_examples([2], [2]), 3, EOS)  # a fully masked example: its EOS is not trained
-    assert ids.tolist() == [[1, 2, EOS]] and labels.tolist() == [[-100, -100, -100]]
+def test_pack_is_deterministic_and_handles_edges():
+    examples = _examples([3, 10, 2, 7], [1, 4, 0, 7])
+    first, again = data.pack(examples, 12, EOS, pad_id=PAD), data.pack(examples, 12, EOS, pad_id=PAD)
+    assert np.array_equal(first.input_ids, again.input_ids) and np.array_equal(first.labels, again.labels)
+    # With EOS: 4, 11, 3, 8 tokens. Longest first: 11 opens block 0 (1 left), 8 opens block 1 (4 left),
+    # 4 fills block 1 exactly, 3 fits nowhere and opens block 2.
+    assert first.input_ids.tolist() == [
+        list(range(4, 14)) + [EOS, PAD],
+        list(range(16, 23)) + [EOS] + [1, 2, 3, EOS],
+        [14, 15, EOS] + [PAD] * 9,
+    ]
+    assert first.labels.tolist() == [
+        [IGNORE_INDEX] * 4 + list(range(8, 14)) + [EOS, IGNORE_INDEX],
+        [IGNORE_INDEX] * 8 + [IGNORE_INDEX, 2, 3, EOS],  # a fully masked example: its EOS is not trained
+        [IGNORE_INDEX, 15, EOS] + [IGNORE_INDEX] * 9,
+    ]
+    assert first.position_ids.tolist() == [list(range(11)) + [0], list(range(8)) + list(range(4)),
+                                           list(range(3)) + list(range(9))]
+    assert (first.padding_tokens, first.truncated_examples, first.trained_tokens) == (10, 0, 6 + 1 + 3 + 2)
+    empty = data.pack([], 8, EOS)
+    assert empty.input_ids.shape == empty.position_ids.shape == (0, 8) and empty.fill == 0
     with pytest.raises(JobSettingError) as info:
         data.pack(_examples([2], [0]), 0, EOS)
     assert info.value.field == "seq_len"
+
+
+def test_best_fit_decreasing_places_each_item_in_the_fullest_bin_it_fits():
+    assert data.best_fit_decreasing([], 10) == []
+    # Longest first: 6 opens bin 0 (4 left); 5 opens bin 1 (5 left); 4 fills bin 0; 3 into bin 1
+    # (2 left); the first 2 fills bin 1; the second 2 opens bin 2.
+    assert data.best_fit_decreasing([3, 6, 2, 5, 4, 2], 10) == [[1, 4], [3, 0, 2], [5]]
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 100, size=2000).tolist()
+    bins = data.best_fit_decreasing(lengths, 100)
+    assert sorted(i for b in bins for i in b) == list(range(2000))
+    loads = [sum(lengths[i] for i in b) for b in bins]
+    assert max(loads) <= 100 and len(bins) <= 1.02 * sum(lengths) / 100 + 2
+    with pytest.raises(ValueError):
+        data.best_fit_decreasing([11], 10)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_examples_give_the_logits_they_give_alone(attn):
+    """transformers 5 masks packed examples from restarting position_ids: each one sees only itself.
+
+    A tiny random Qwen2 runs a packed micro-batch once; every example (and the padding) run alone
+    must give the same logits. Run without position_ids (plain causal attention over the block)
+    they differ, so the test can fail.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         attn_implementation=attn)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    rng = np.random.default_rng(2)
+    examples = [(ids, ids) for ids in (rng.integers(3, 64, n).tolist() for n in [5, 9, 3, 12, 7, 2, 19, 1])]
+    packed = data.pack(examples, 24, eos_id=1, pad_id=2)
+    assert len(packed) == 3 and packed.padding_tokens > 0
+    batch = data.make_batch(packed.input_ids, packed.labels, packed.position_ids)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+        plain = model(input_ids=batch["input_ids"], use_cache=False).logits
+        checked = 0
+        for block in range(len(packed)):
+            for start, end in _segments(packed.position_ids[block]):
+                alone = model(input_ids=batch["input_ids"][block:block + 1, start:end], use_cache=False).logits[0]
+                torch.testing.assert_close(logits[block, start:end], alone, rtol=1e-5, atol=1e-5)
+                checked += end - start
+        assert checked == packed.input_ids.size
+        assert not torch.allclose(plain, logits, atol=1e-3)
+        # The loss the trainer computes is the sum of the examples' own losses.
+        from workloads.fsdp_finetune.loss import loss_sum
+
+        total = loss_sum(model, batch["input_ids"], batch["labels"], position_ids=batch["position_ids"])
+        alone_sum = 0.0
+        for ids, labels in examples:
+            row = torch.tensor([ids + [1]])
+            alone_sum += float(loss_sum(model, row, torch.tensor([labels + [1]])))
+        assert float(total) == pytest.approx(alone_sum, rel=1e-5)
+
+
+def test_flash_varlen_arguments_reach_every_layer_and_keep_examples_apart():
+    """The flash path without flash-attn (no GPU here): a registered attention kernel that does what
+    `flash_attn_varlen_func` does with the arguments it is given (causal attention inside each
+    `cu_seq_lens` span of the flattened batch) gets them in every layer, from `ShardedBatches`
+    through `to_device` and `loss_sum`, and the packed loss is the sum of the examples' own losses.
+    """
+    import torch
+    import torch.nn.functional as F
+    from transformers import AttentionInterface, Qwen2Config, Qwen2ForCausalLM
+
+    from workloads.fsdp_finetune.loss import loss_sum
+
+    calls = []
+
+    def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+        assert isinstance(longest, int) and attention_mask is None
+        calls.append(cu.tolist())
+        batch, heads, seq, dim = query.shape
+        groups = heads // key.shape[1]
+        q = query.transpose(1, 2).reshape(batch * seq, heads, dim)
+        k = key.repeat_interleave(groups, dim=1).transpose(1, 2).reshape(batch * seq, heads, dim)
+        v = value.repeat_interleave(groups, dim=1).transpose(1, 2).reshape(batch * seq, heads, dim)
+        out = torch.empty_like(q)
+        bounds = cu.tolist()
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            span = [t[start:end].transpose(0, 1) for t in (q, k, v)]
+            out[start:end] = F.scaled_dot_product_attention(*span, is_causal=True, scale=scaling).transpose(0, 1)
+        return out.reshape(batch, seq, heads, dim), None
+
+    AttentionInterface.register("test_varlen", varlen_attention)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    rng = np.random.default_rng(3)
+    examples = [(ids, ids) for ids in (rng.integers(3, 64, n).tolist() for n in [6, 9, 3, 12, 7, 2, 19, 4])]
+    packed = data.pack(examples, 24, eos_id=1, pad_id=2)
+    batches = data.ShardedBatches(packed, rank=0, world_size=1, micro_batch_size=len(packed), seed=0, varlen=True)
+    inputs = data.to_device(next(iter(batches)), torch.device("cpu"))
+    with torch.no_grad():
+        alone = sum(float(loss_sum(model, torch.tensor([ids + [1]]), torch.tensor([ids + [1]])))
+                    for ids, _ in examples)
+        model.set_attn_implementation("test_varlen")
+        total = loss_sum(model, inputs.pop("input_ids"), inputs.pop("labels"), **inputs)
+    assert len(calls) == config.num_hidden_layers and calls[0] == inputs["cu_seq_lens_q"].tolist()
+    assert len(calls[0]) == int((packed.position_ids == 0).sum()) + 1  # a span per example and padding run
+    assert float(total) == pytest.approx(alone, rel=1e-5)
+
+
+def test_varlen_kwargs_are_cumulative_sequence_lengths_over_the_flattened_batch():
+    positions = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])
+    kwargs = data.varlen_kwargs(positions)
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 10, 12]
+    assert str(kwargs["cu_seq_lens_q"].dtype) == "torch.int32"
+    assert kwargs["cu_seq_lens_k"] is kwargs["cu_seq_lens_q"]
+    assert kwargs["max_length_q"] == kwargs["max_length_k"] == 4 and isinstance(kwargs["max_length_q"], int)
+    batch = data.make_batch(positions, positions, positions, varlen=True)
+    assert set(batch) == {"input_ids", "labels", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k",
+                          "max_length_q", "max_length_k"}
+    assert set(data.make_batch(positions, positions, positions)) == {"input_ids", "labels", "position_ids"}
+    assert data.uses_varlen("flash_attention_2") and data.uses_varlen("flash_attention_3")
+    assert not data.uses_varlen("sdpa") and not data.uses_varlen("eager")
 
 
 def test_build_datasets_splits_deterministically_and_packs(assets, tokenizer, cache):
@@ -303,11 +448,12 @@ def test_build_datasets_splits_deterministically_and_packs(assets, tokenizer, ca
     assert held_out == again_held_out and np.array_equal(train.input_ids, again_train.input_ids)
     assert len(held_out) == 20 and set(held_out[0]) == {"instruction", "response"}
     assert train.num_examples == 380 and train.seq_len == 64 and len(train) == train.input_ids.shape[0]
-    assert 0 <= train.dropped_tokens < 64
-    assert train.trained_tokens < train.input_ids.size  # prompts masked
-    # One EOS per example, except those in the dropped tail (examples here are > 10 tokens).
+    assert train.truncated_examples == 0 and train.fill > 0.9
+    assert train.trained_tokens < train.example_tokens  # prompts masked
+    # One EOS after each example; the padding is the pad token, which is EOS here too.
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
     eos_count = int((train.input_ids == tokenizer.eos_token_id).sum())
-    assert train.num_examples - train.dropped_tokens // 10 - 1 <= eos_count <= train.num_examples
+    assert eos_count == train.num_examples + train.padding_tokens
 
     other_train, other_held_out = data.build_datasets(job(dataset=str(assets.dataset_path), seed=8), tokenizer,
                                                       cache_dir=cache)
@@ -317,9 +463,53 @@ def test_build_datasets_splits_deterministically_and_packs(assets, tokenizer, ca
     none = job(dataset=str(assets.dataset_path), eval_fraction=0.0)
     assert data.build_datasets(none, tokenizer, cache_dir=cache)[1] == []
 
-    with pytest.raises(JobSettingError) as info:
-        data.build_datasets(job(dataset=str(assets.dataset_path), seq_len=10**6), tokenizer, cache_dir=cache)
-    assert info.value.field == "seq_len"
+    short, _ = data.build_datasets(job(dataset=str(assets.dataset_path), seq_len=12), tokenizer, cache_dir=cache)
+    assert short.truncated_examples == short.num_examples == len(short) == 380  # each prompt alone is longer
+    assert short.truncated_tokens == train.example_tokens - 380 * 12 and short.padding_tokens == 0
+
+
+# ---- epochs ----------------------------------------------------------------------------------------
+
+
+def test_dataset_epochs_counts_formatted_tokens_and_warns_above_the_threshold(assets, tokenizer, capsys):
+    settings = job(dataset=str(assets.dataset_path), seq_len=64, micro_batch_size=2, global_batch_size=8,
+                   max_steps=80, max_epochs_warning=3)
+    # The count by hand: the training split's conversations, rendered and tokenized, one EOS each.
+    pairs = [(r["instruction"], r["response"]) for r in map(json.loads, assets.dataset_path.read_text().splitlines())]
+    train_pairs, _ = data.split_pairs(pairs, seed=settings.seed, eval_fraction=settings.eval_fraction)
+    tokens = sum(len(tokenizer(data.render_chat(tokenizer, i, r), add_special_tokens=False)["input_ids"]) + 1
+                 for i, r in train_pairs)
+    blocks = len(data.build_datasets(settings, tokenizer)[0])
+    epochs = 80 * 8 / (blocks // 4 * 4)  # world size 2 x micro-batch 2: whole rounds of 4 blocks per epoch
+    assert 3 < epochs < 20
+
+    assert data.dataset_epochs(settings, world_size=2, tokenizer=tokenizer) == pytest.approx(epochs)
+    out, err = capsys.readouterr()
+    assert f"{len(train_pairs):,} training examples, {tokens:,} tokens after formatting" in out
+    assert f"{blocks:,} blocks of 64" in out and f"= {epochs:.2f} epochs" in out
+    assert "warning: job.max_steps=80 trains" in err and "job.max_epochs_warning=3" in err
+
+    calm = settings.model_copy(update={"max_epochs_warning": epochs + 0.01})
+    assert data.dataset_epochs(calm, world_size=2, tokenizer=tokenizer) == pytest.approx(epochs)
+    assert "warning" not in capsys.readouterr().err
+    # Not on this machine: `config check` skips it; nothing is read or printed.
+    assert data.dataset_epochs(job(dataset="yahma/alpaca-cleaned"), world_size=2, local_only=True) is None
+    assert capsys.readouterr() == ("", "")
+
+
+def test_config_check_shows_the_epochs_of_a_local_dataset(assets, tmp_path, capsys):
+    from config.__main__ import main as config_main
+    from tests.helpers import write_variant
+
+    path = write_variant(tmp_path, {"job": {"model": str(assets.model_dir), "dataset": str(assets.dataset_path),
+                                            "instruction_field": "instruction", "response_field": "response",
+                                            "input_field": None,
+                                            "seq_len": 64, "max_steps": 30, "warmup_steps": 2}})
+    assert config_main(["check", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "world size 8" in out and "tokens after formatting" in out
+    # 30 steps x 64 blocks on a few hundred blocks (world size 8 x micro-batch 4 per round): several epochs.
+    assert "epochs" in out.splitlines()[-1] and "job.max_epochs_warning=3" in err
 
 
 # ---- sharding --------------------------------------------------------------------------------------

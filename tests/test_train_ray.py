@@ -112,14 +112,24 @@ def test_export_reloads_with_the_trained_weights(reference):
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from workloads.fsdp_finetune.checkpoint import tied_aliases
+
     plan, assets, result = reference
     exported = AutoModelForCausalLM.from_pretrained(plan.export_uri, dtype=torch.float32).eval()
     AutoTokenizer.from_pretrained(plan.export_uri)  # the tokenizer travels with the model
     trained = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32).eval()
-    state = {"model": trained.state_dict()}
-    # The checkpoint's DCP shards, read without a process group (single-process load).
+    aliases = tied_aliases(trained)
+    assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    state = {"model": {k: v for k, v in trained.state_dict().items() if k not in aliases}}
+    # The checkpoint's DCP shards, read without a process group (single-process load). The tied
+    # weight is stored once: asking for its alias too would fail.
     dcp.load(state, checkpoint_id=result.checkpoint.path)
-    trained.load_state_dict(state["model"])
+    assert trained.load_state_dict(state["model"], strict=False).missing_keys == ["lm_head.weight"]
+    stored = dcp.FileSystemReader(result.checkpoint.path).read_metadata().state_dict_metadata
+    assert "model.model.embed_tokens.weight" in stored and "model.lm_head.weight" not in stored
+    # The export, too, holds the tied weight once, and reloads tied.
+    assert "lm_head.weight" not in _weights(plan.export_uri)
+    assert exported.lm_head.weight is exported.model.embed_tokens.weight
     assert result.checkpoint.path.endswith("checkpoint_step_0000012")
     ids = torch.randint(0, exported.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -2,8 +2,11 @@
 
 `datasets.load_dataset` reads a Hugging Face hub id, a local directory, an `s3://` path, or a
 JSONL/JSON/Parquet/CSV file. Each row's instruction and response (columns named in the variable
-file) are rendered with the tokenizer's chat template, tokenized, and packed into full `seq_len`
-blocks with EOS between examples; prompt tokens can be masked from the loss. `ShardedBatches`
+file) are rendered with the tokenizer's chat template, tokenized, and packed whole into `seq_len`
+blocks by best fit (`pack`: EOS after each example, `position_ids` restarting at each one, so
+attention stays inside an example; the rest of a block is ignored padding); prompt tokens can be
+masked from the loss. `dataset_epochs` counts the formatted tokens and the epochs `max_steps`
+implies, for the driver and `config check`. `ShardedBatches`
 gives each rank a disjoint shard of a per-epoch shuffle that depends only on (seed, epoch), and its
 position is a two-integer state that goes into the checkpoint, so a resumed run continues at
 exactly the next micro-batch.
@@ -355,59 +358,33 @@ def tokenize_example(tokenizer, instruction: str, response: str, *, mask_prompt:
 # ---- packing -------------------------------------------------------------------------------------
 
 
-def pack(examples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, eos_id: int
-         ) -> tuple[np.ndarray, np.ndarray]:
-    """Pack (ids, labels) examples greedily into full `seq_len` blocks, EOS after each example.
-
-    The examples are laid end to end, each followed by one EOS token, and the stream is cut into
-    `seq_len` blocks; an example may continue into the next block, and the trailing partial block
-    is dropped. No other token is lost or repeated. Every position is a real token, so no compute
-    goes to padding.
-
-    The EOS after an example is labelled `eos_id`, so the model learns to stop after an answer,
-    unless the example's last label is `IGNORE_INDEX` (an example with nothing trained on, e.g. an
-    empty response under a masked prompt): the EOS then belongs to that masked span and is ignored.
-
-    Labels are not shifted: HF causal LMs shift inside their loss. Attention is not reset at the
-    example boundaries (plain causal attention over the block); the EOS tells the model a new
-    example starts. Returns `input_ids` and `labels`, both int64 `[N, seq_len]`.
-    """
-    if seq_len <= 0:
-        raise JobSettingError("seq_len", f"must be positive, got {seq_len}")
-    lengths = np.fromiter((len(ids) for ids, _ in examples), dtype=np.int64, count=len(examples))
-    total = int(lengths.sum()) + len(examples)
-    ids_stream = np.empty(total, dtype=np.int64)
-    labels_stream = np.empty(total, dtype=np.int64)
-    pos = 0
-    for (ids, labels), length in zip(examples, lengths, strict=True):
-        if len(labels) != length:
-            raise ValueError(f"an example has {length} ids but {len(labels)} labels")
-        end = pos + int(length)
-        ids_stream[pos:end] = ids
-        labels_stream[pos:end] = labels
-        ids_stream[end] = eos_id
-        trained = length > 0 and labels[-1] != IGNORE_INDEX
-        labels_stream[end] = eos_id if trained else IGNORE_INDEX
-        pos = end + 1
-    n_blocks = total // seq_len
-    keep = n_blocks * seq_len
-    return ids_stream[:keep].reshape(n_blocks, seq_len), labels_stream[:keep].reshape(n_blocks, seq_len)
-
-
 @dataclass
 class PackedDataset:
-    """Packed training blocks: `input_ids` and `labels`, int64 arrays of shape `[N, seq_len]`."""
+    """Packed training blocks: `input_ids`, `labels` and `position_ids`, int64 arrays of shape `[N, seq_len]`.
+
+    Without `position_ids`, every block is one sequence (positions 0..seq_len-1).
+    """
 
     input_ids: np.ndarray
     labels: np.ndarray
+    position_ids: np.ndarray | None = None
     num_examples: int = 0
-    """Examples packed into the blocks (statistics only)."""
-    dropped_tokens: int = 0
-    """Tokens of the trailing partial block that was dropped (statistics only)."""
+    """Examples packed into the blocks."""
+    truncated_examples: int = 0
+    """Examples longer than `seq_len` (EOS included), cut to their first `seq_len` tokens."""
+    truncated_tokens: int = 0
+    """Tokens those cuts removed."""
+    padding_tokens: int = 0
+    """Positions filled with padding (ignored labels) after the last example of a block."""
 
     def __post_init__(self):
         if self.input_ids.shape != self.labels.shape or self.input_ids.ndim != 2:
             raise ValueError(f"input_ids {self.input_ids.shape} and labels {self.labels.shape} must be equal [N, seq]")
+        if self.position_ids is None:
+            self.position_ids = np.broadcast_to(np.arange(self.input_ids.shape[1], dtype=np.int64),
+                                                self.input_ids.shape)
+        if self.position_ids.shape != self.input_ids.shape:
+            raise ValueError(f"position_ids {self.position_ids.shape} must match input_ids {self.input_ids.shape}")
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -421,6 +398,164 @@ class PackedDataset:
     def trained_tokens(self) -> int:
         """Positions with a label (not `IGNORE_INDEX`)."""
         return int((self.labels != IGNORE_INDEX).sum())
+
+    @property
+    def example_tokens(self) -> int:
+        """Positions holding example tokens (EOS included), not padding: the useful part of the compute."""
+        return int(self.input_ids.size - self.padding_tokens)
+
+    @property
+    def fill(self) -> float:
+        """Useful / computed tokens: `example_tokens` over all positions."""
+        return self.example_tokens / self.input_ids.size if self.input_ids.size else 0.0
+
+
+def best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins (lists of item indices) holding items of `lengths`, each bin at most `capacity`.
+
+    Best-fit decreasing: items from the longest down (ties by index, so the result is
+    deterministic), each into the open bin it fills the most, a new bin when none has room. The
+    open bins are counted by remaining space in a segment tree, so each placement costs
+    O(log capacity) rather than a scan of the bins. Every length must be in 1..capacity.
+    """
+    size = 1 << int(capacity).bit_length()  # leaves 0..capacity (remaining space)
+    tree = [0] * (2 * size)  # tree[size + c]: open bins with c tokens of room; inner nodes: sums
+    open_with = [[] for _ in range(capacity + 1)]
+    bins: list[list[int]] = []
+
+    def add(space: int, delta: int) -> None:
+        node = space + size
+        while node:
+            tree[node] += delta
+            node >>= 1
+
+    def tightest(need: int) -> int:
+        """The least remaining space >= need among open bins, or -1."""
+        node = need + size
+        while tree[node] == 0:
+            while node & 1:  # a right child: climb until a left child, whose right sibling comes next
+                node >>= 1
+            if node == 0:
+                return -1
+            node += 1
+        while node < size:
+            node = 2 * node if tree[2 * node] else 2 * node + 1
+        return node - size
+
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        need = int(lengths[index])
+        if not 1 <= need <= capacity:
+            raise ValueError(f"item {index} has length {need}, outside 1..{capacity}")
+        space = tightest(need)
+        if space < 0:
+            space, target = capacity, len(bins)
+            bins.append([])
+        else:
+            target = open_with[space].pop()
+            add(space, -1)
+        bins[target].append(index)
+        if space > need:
+            open_with[space - need].append(target)
+            add(space - need, 1)
+    return bins
+
+
+def pack(examples: Sequence[tuple[Sequence[int], Sequence[int]]], seq_len: int, eos_id: int, *,
+         pad_id: int | None = None) -> PackedDataset:
+    """Pack whole (ids, labels) examples into `seq_len` blocks by best fit; never split one across blocks.
+
+    Each example is followed by one EOS, labelled `eos_id` so the model learns to stop after an
+    answer, unless the example's last label is `IGNORE_INDEX` (nothing trained on, e.g. an empty
+    response under a masked prompt): the EOS then belongs to that masked span. An example (with its
+    EOS) longer than `seq_len` keeps its first `seq_len` tokens; `truncated_examples` and
+    `truncated_tokens` count that. The examples are placed by `best_fit_decreasing`, and the rest of
+    each block is padding (`pad_id`, default `eos_id`) labelled `IGNORE_INDEX`, counted in
+    `padding_tokens`.
+
+    `position_ids` restart at 0 at every example and again at the padding, which transformers reads
+    as separate sequences: a block-causal mask under sdpa/eager (`masking_utils.find_packed_sequence_indices`),
+    `cu_seq_lens` under flash attention (`varlen_kwargs`), so attention never crosses an example
+    boundary and the padding sees only padding. The first label of every example is `IGNORE_INDEX`:
+    the position before it belongs to the previous example, which cannot see it. Labels are not
+    shifted (HF causal LMs shift inside their loss), so an example's loss is the one it has alone.
+    """
+    if seq_len <= 0:
+        raise JobSettingError("seq_len", f"must be positive, got {seq_len}")
+    pad = eos_id if pad_id is None else pad_id
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    truncated_examples = truncated_tokens = 0
+    for ids, labels in examples:
+        if len(labels) != len(ids):
+            raise ValueError(f"an example has {len(ids)} ids but {len(labels)} labels")
+        trained = len(ids) > 0 and labels[-1] != IGNORE_INDEX
+        row_ids = np.empty(len(ids) + 1, dtype=np.int64)
+        row_labels = np.empty(len(ids) + 1, dtype=np.int64)
+        row_ids[:-1], row_ids[-1] = ids, eos_id
+        row_labels[:-1], row_labels[-1] = labels, eos_id if trained else IGNORE_INDEX
+        row_labels[0] = IGNORE_INDEX
+        if len(row_ids) > seq_len:
+            truncated_examples += 1
+            truncated_tokens += len(row_ids) - seq_len
+            row_ids, row_labels = row_ids[:seq_len], row_labels[:seq_len]
+        rows.append((row_ids, row_labels))
+    bins = best_fit_decreasing([len(ids) for ids, _ in rows], seq_len)
+    input_ids = np.full((len(bins), seq_len), pad, dtype=np.int64)
+    labels = np.full((len(bins), seq_len), IGNORE_INDEX, dtype=np.int64)
+    position_ids = np.empty((len(bins), seq_len), dtype=np.int64)
+    positions = np.arange(seq_len, dtype=np.int64)
+    for block, members in enumerate(bins):
+        start = 0
+        for index in members:
+            row_ids, row_labels = rows[index]
+            end = start + len(row_ids)
+            input_ids[block, start:end] = row_ids
+            labels[block, start:end] = row_labels
+            position_ids[block, start:end] = positions[: end - start]
+            start = end
+        position_ids[block, start:] = positions[: seq_len - start]
+    return PackedDataset(input_ids, labels, position_ids, num_examples=len(rows),
+                         truncated_examples=truncated_examples, truncated_tokens=truncated_tokens,
+                         padding_tokens=input_ids.size - sum(len(ids) for ids, _ in rows))
+
+
+def uses_varlen(attn_implementation: str) -> bool:
+    """Whether the attention kernel takes packed sequences as `cu_seq_lens` (flash attention 2/3)."""
+    return attn_implementation.startswith("flash_attention")
+
+
+def varlen_kwargs(position_ids: np.ndarray) -> dict:
+    """Flash attention's padding-free arguments for a batch of packed blocks, computed on the host.
+
+    The blocks are flattened row-major (as transformers flattens query/key/value), and a sequence
+    starts wherever a position is 0. Passing these to the model makes every layer call the varlen
+    kernel with them as they are; without them transformers would derive them from `position_ids`
+    in every layer, a device-to-host sync (`.item()` of the longest sequence) per layer, and with a
+    micro-batch above one it would not detect the packing at all.
+    """
+    import torch
+
+    flat = position_ids.reshape(-1)
+    cu = np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
+    longest = int(np.diff(cu).max()) if cu.size > 1 else 0
+    cu_t = torch.from_numpy(cu)
+    return {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t, "max_length_q": longest, "max_length_k": longest}
+
+
+def make_batch(input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, *, varlen: bool = False) -> dict:
+    """A micro-batch as `train_step` and `evaluate` take it: tensors, plus flash's varlen arguments if `varlen`."""
+    import torch
+
+    batch = {"input_ids": torch.from_numpy(np.ascontiguousarray(input_ids)),
+             "labels": torch.from_numpy(np.ascontiguousarray(labels)),
+             "position_ids": torch.from_numpy(np.ascontiguousarray(position_ids))}
+    if varlen:
+        batch.update(varlen_kwargs(position_ids))
+    return batch
+
+
+def to_device(batch: dict, device) -> dict:
+    """The batch with its tensors moved to `device` (non-blocking); the flash max lengths stay ints."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
 def _text(value: Any) -> str | None:
@@ -470,7 +605,7 @@ def split_pairs(pairs: Sequence[tuple[str, str]], *, seed: int, eval_fraction: f
 
 def build_datasets(job, tokenizer, *, cache_dir: str | os.PathLike | None = None
                    ) -> tuple[PackedDataset, list[dict]]:
-    """Load, split, tokenize and pack: the packed training set and the raw held-out records.
+    """Load, split, tokenize and pack (`pack`): the packed training set and the raw held-out records.
 
     Eval records are `{"instruction": ..., "response": ...}` dicts (these key names, whatever the
     dataset's columns; an Alpaca input is already folded into the instruction), for `evaluate`.
@@ -482,17 +617,51 @@ def build_datasets(job, tokenizer, *, cache_dir: str | os.PathLike | None = None
     examples = tokenize_examples(tokenizer, train_pairs, mask_prompt=job.mask_prompt)
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
-        raise JobSettingError("model", "the tokenizer has no eos_token; packing needs one between examples")
-    input_ids, labels = pack(examples, job.seq_len, eos_id)
-    total = sum(len(ids) + 1 for ids, _ in examples)
-    if len(input_ids) == 0:
-        raise JobSettingError("seq_len", f"{job.seq_len} is longer than the whole training split ({total} tokens); "
-                              "lower job.seq_len or use more data")
-    dataset = PackedDataset(input_ids, labels, num_examples=len(examples), dropped_tokens=total - input_ids.size)
-    log.info("packed %d examples (%d tokens) into %d blocks of %d; %d tail tokens dropped; %d held out",
-             len(examples), total, len(dataset), job.seq_len, dataset.dropped_tokens, len(eval_pairs))
+        raise JobSettingError("model", "the tokenizer has no eos_token; packing needs one after each example")
+    dataset = pack(examples, job.seq_len, eos_id, pad_id=tokenizer.pad_token_id)
+    log.info("packed %d examples (%d tokens) into %d blocks of %d, %.1f%% filled; %d truncated (%d tokens cut); "
+             "%d held out", dataset.num_examples, dataset.example_tokens, len(dataset), job.seq_len,
+             100 * dataset.fill, dataset.truncated_examples, dataset.truncated_tokens, len(eval_pairs))
     eval_records = [{"instruction": i, "response": r} for i, r in eval_pairs]
     return dataset, eval_records
+
+
+def dataset_epochs(job, *, world_size: int, tokenizer=None, local_only: bool = False) -> float | None:
+    """Print how many tokens the training split holds after formatting and the epochs `max_steps` implies.
+
+    Builds the packed training set exactly as every worker will (`build_datasets`), so the figures
+    are the run's: examples, formatted tokens (chat template + EOS, before any truncation), blocks,
+    and `max_steps x global_batch_size` over the blocks one epoch hands out at this world size.
+    Above `job.max_epochs_warning` a warning goes to stderr. `local_only` skips (returning None) a
+    dataset that is not on this machine. Nothing here stops a run: when the tokenizer or the data
+    cannot be read from here (offline, credentials), a note says so, and None is returned.
+    """
+    import sys
+
+    try:
+        if local_only and _classify(job.dataset).kind not in ("file", "saved", "dir"):
+            return None
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(job.model)
+        dataset, _ = build_datasets(job, tokenizer)
+    except Exception as exc:  # noqa: BLE001 - a figure for the log; the workers report real failures
+        print(f"note: dataset tokens and epochs not counted here ({exc})", file=sys.stderr)
+        return None
+    per_epoch = len(dataset) // (world_size * job.micro_batch_size) * world_size * job.micro_batch_size
+    epochs = job.max_steps * job.global_batch_size / per_epoch if per_epoch else float("inf")
+    tokens = dataset.example_tokens + dataset.truncated_tokens
+    print(f"data: {dataset.num_examples:,} training examples, {tokens:,} tokens after formatting "
+          f"({dataset.trained_tokens:,} trained), packed whole into {len(dataset):,} blocks of {job.seq_len} "
+          f"({dataset.fill:.1%} filled, {dataset.truncated_examples:,} truncated); max_steps={job.max_steps} x "
+          f"global_batch_size={job.global_batch_size} = {epochs:.2f} epochs", flush=True)
+    if epochs > job.max_epochs_warning:
+        steps = job.max_steps / epochs
+        print(f"warning: job.max_steps={job.max_steps} trains {epochs:.1f} epochs of {job.dataset}, over "
+              f"job.max_epochs_warning={job.max_epochs_warning:g} (overfitting); one epoch is about "
+              f"{steps:.0f} steps: lower max_steps or use more data", file=sys.stderr, flush=True)
+    return epochs
 
 
 # ---- sharding --------------------------------------------------------------------------------
@@ -509,11 +678,13 @@ class ShardedBatches:
     Epoch `e` permutes the blocks with a generator seeded by `(seed, e)`, keeps the largest prefix
     that gives every rank the same whole number of micro-batches, and hands rank `r` positions
     `r, r + world_size, ...` of it: shards are disjoint, equal in length, and ranks never desync.
-    Iteration never ends (the trainer stops by steps). `state_dict()` is the position of the next
+    Iteration never ends (the trainer stops by steps). Batches are `make_batch` dicts (with flash
+    attention's varlen arguments when `varlen`). `state_dict()` is the position of the next
     micro-batch; restoring it (with the same world size and micro-batch size) continues exactly.
     """
 
-    def __init__(self, dataset: PackedDataset, *, rank: int, world_size: int, micro_batch_size: int, seed: int):
+    def __init__(self, dataset: PackedDataset, *, rank: int, world_size: int, micro_batch_size: int, seed: int,
+                 varlen: bool = False):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         if micro_batch_size < 1:
@@ -523,6 +694,7 @@ class ShardedBatches:
         self.world_size = world_size
         self.micro_batch_size = micro_batch_size
         self.seed = seed
+        self.varlen = varlen
         if self.batches_per_epoch == 0:
             raise JobSettingError("micro_batch_size", f"{len(dataset)} packed blocks cannot give each of "
                                   f"{world_size} ranks a micro-batch of {micro_batch_size}; use more data, "
@@ -552,17 +724,13 @@ class ShardedBatches:
         return order[:usable][self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[dict]:
-        import torch
-
         mb = self.micro_batch_size
         while True:
             indices = self.epoch_indices(self._epoch)
             while self._position < self.batches_per_epoch:
                 rows = indices[self._position * mb : (self._position + 1) * mb]
-                batch = {
-                    "input_ids": torch.from_numpy(self.dataset.input_ids[rows]),
-                    "labels": torch.from_numpy(self.dataset.labels[rows]),
-                }
+                ds = self.dataset
+                batch = make_batch(ds.input_ids[rows], ds.labels[rows], ds.position_ids[rows], varlen=self.varlen)
                 # Advance before yielding: a checkpoint taken after this batch was consumed must
                 # point at the next one (code after `yield` only runs on the following next()).
                 self._position += 1

@@ -11,9 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from workloads.fsdp_finetune.data import IGNORE_INDEX, render_chat, tokenize_examples
+from workloads.fsdp_finetune.data import (
+    IGNORE_INDEX,
+    make_batch,
+    render_chat,
+    to_device,
+    tokenize_examples,
+    uses_varlen,
+)
 from workloads.fsdp_finetune.loss import loss_sum
 
 # The generation stops at whichever of these the tokenizer knows: ChatML's end of turn
@@ -124,18 +132,25 @@ def _examples_loss(model, examples: Sequence[tuple[Sequence[int], Sequence[int]]
                    width_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum, label count) of right-padded (ids, labels) examples, as tensors on `device` (no host sync).
 
-    The batch is padded to a multiple of `width_multiple` positions."""
+    One example per row, laid out as a packed training block (`data.make_batch`): `position_ids`
+    restart at the padding, which is ignored and attends only to itself, and flash attention gets
+    the same varlen arguments as in training. The batch is padded to a multiple of `width_multiple`
+    positions.
+    """
     width = -(-max(len(ids) for ids, _ in examples) // width_multiple) * width_multiple
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    input_ids = np.full((len(examples), width), pad_id, dtype=np.int64)
+    labels = np.full((len(examples), width), IGNORE_INDEX, dtype=np.int64)
+    position_ids = np.empty((len(examples), width), dtype=np.int64)
     for row, (ids, labs) in enumerate(examples):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        labels[row, : len(ids)] = torch.tensor(labs, dtype=torch.long)
-        attention[row, : len(ids)] = 1
+        input_ids[row, : len(ids)] = ids
+        labels[row, : len(ids)] = labs
+        position_ids[row, : len(ids)] = np.arange(len(ids))
+        position_ids[row, len(ids):] = np.arange(width - len(ids))
+    varlen = uses_varlen(getattr(model.config, "_attn_implementation", None) or "")
+    inputs = to_device(make_batch(input_ids, labels, position_ids, varlen=varlen), device)
     # The training loss's own code (position t predicts token t+1), so the two are comparable.
-    total = loss_sum(model, input_ids.to(device), labels.to(device), attention_mask=attention.to(device))
-    return total.to(torch.float64), (labels[:, 1:] != IGNORE_INDEX).sum().to(device)
+    total = loss_sum(model, inputs.pop("input_ids"), inputs.pop("labels"), **inputs)
+    return total.to(torch.float64), torch.as_tensor(int((labels[:, 1:] != IGNORE_INDEX).sum()), device=device)
 
 
 # ---- held-out loss during training, across ranks -----------------------------------------------

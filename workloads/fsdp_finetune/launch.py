@@ -28,6 +28,7 @@ from pathlib import Path
 
 from config import load_or_exit, resolve_path
 from config.model import ClusterConfig, JobConfig
+from workloads.fsdp_finetune.data import dataset_epochs
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
 LOCAL_SOURCE = "local job"
@@ -55,6 +56,7 @@ def local_job(assets, **overrides) -> JobConfig:
         weight_decay=0.0,
         warmup_steps=10,
         max_steps=150,
+        max_epochs_warning=10,  # about 7 epochs: the 100 addition facts are learned by repetition, on purpose
         grad_clip=1.0,
         mask_prompt=True,
         checkpoint_every=50,
@@ -358,6 +360,7 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     # Settings first: the bucket lookup below needs AWS credentials, and a bad setting should be
     # reported as such, not hidden behind an STS error.
     refuse(validate_job(job, world_size=config.world_size, source=file))
+    dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)
     refuse([p for p in [resume_problem(plan, source=file)] if p])
     if config.ray.preflight:
@@ -384,6 +387,7 @@ def _main_local(args, config: ClusterConfig) -> int:
         plan.storage_path = args.storage_path
     problems = validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE)
     refuse(problems or [p for p in [resume_problem(plan, source=LOCAL_SOURCE)] if p])
+    dataset_epochs(plan.job, world_size=plan.num_workers)
     out = Path(args.output_dir).resolve()
     print(f"local run: {plan.job.max_steps} steps of {plan.job.global_batch_size} x {plan.job.seq_len} tokens on "
           f"{plan.num_workers} CPU workers; output in {out}", flush=True)

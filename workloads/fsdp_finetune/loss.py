@@ -67,9 +67,15 @@ def token_ce_sum(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.T
 
 
 def causal_lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask=None,
-                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """Sum of next-token cross-entropies of a Hugging Face causal LM (`model.model` + `model.lm_head`)."""
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS, **model_kwargs) -> torch.Tensor:
+    """Sum of next-token cross-entropies of a Hugging Face causal LM (`model.model` + `model.lm_head`).
+
+    `model_kwargs` go to the decoder: `position_ids` of packed blocks, and flash attention's
+    `cu_seq_lens_*`/`max_length_*` (`data.make_batch`). No KV cache: with one, transformers would
+    not read packed sequences from `position_ids` (it builds the block-causal mask only without).
+    """
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                         **model_kwargs).last_hidden_state
     return token_ce_sum(hidden, model.lm_head, labels, chunk_tokens=chunk_tokens)
 
 
@@ -82,9 +88,9 @@ def install_fsdp_loss(model) -> None:
 
 
 def loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor, *, attention_mask=None,
-             chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+             chunk_tokens: int = DEFAULT_CHUNK_TOKENS, **model_kwargs) -> torch.Tensor:
     """Summed token loss of `model` (an FSDP2 root prepared by `install_fsdp_loss`, or a plain model)."""
     method = getattr(model, _FSDP_METHOD, None)
     if method is not None:
-        return method(input_ids, labels, attention_mask, chunk_tokens)
-    return causal_lm_loss_sum(model, input_ids, labels, attention_mask, chunk_tokens)
+        return method(input_ids, labels, attention_mask, chunk_tokens, **model_kwargs)
+    return causal_lm_loss_sum(model, input_ids, labels, attention_mask, chunk_tokens, **model_kwargs)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
-from workloads.fsdp_finetune.data import IGNORE_INDEX
+from workloads.fsdp_finetune.data import IGNORE_INDEX, to_device
 from workloads.fsdp_finetune.evaluate import HeldOutLoss
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import mfu, peak_memory_gib
@@ -129,9 +129,9 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     # reduced sum: the step is the same up to float rounding, for one extra reduce-scatter per
     # micro-batch that overlaps the backward pass.
     for mb in micro_batches:
-        input_ids = mb["input_ids"].to(device, non_blocking=True)
-        labels = mb["labels"].to(device, non_blocking=True)
-        token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens)
+        inputs = to_device(mb, device)  # position_ids (and flash's varlen arguments) go to the model too
+        input_ids, labels = inputs.pop("input_ids"), inputs.pop("labels")
+        token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens, **inputs)
         (token_loss * scale).backward()
         summed_loss += token_loss.detach()
         tokens += input_ids.numel()
@@ -179,7 +179,8 @@ def train_func(config: dict) -> None:
     import ray.train.torch
     from transformers import AutoTokenizer
 
-    from workloads.fsdp_finetune.data import ShardedBatches, build_datasets
+    from workloads.fsdp_finetune.data import ShardedBatches, build_datasets, uses_varlen
+    from workloads.fsdp_finetune.model import resolve_attn_implementation
 
     ctx = ray.train.get_context()
     rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
@@ -199,7 +200,8 @@ def train_func(config: dict) -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_ds, held_out_records = build_datasets(_job_for_data(job), tokenizer)
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
-                             seed=job["seed"])
+                             seed=job["seed"], varlen=uses_varlen(resolve_attn_implementation(
+                                 job["attn_implementation"], device)))
 
     model = build_model(path, attn_implementation=job["attn_implementation"], device=device)
     export_dtype = saved_dtype(path)
