@@ -2,8 +2,9 @@
 
 - `ray-base`: Namespace, the Ray service account (bound to the checkpoint bucket by the stacks'
   Pod Identity association), the code ConfigMap and, optionally, the image pre-pull DaemonSet.
-- `ray-cluster`: a standalone RayCluster to submit jobs to.
-- `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down.
+- `ray-cluster`: a standalone RayCluster to submit jobs to, and its NetworkPolicy.
+- `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down,
+  and the NetworkPolicy of that cluster.
 
 Apply `ray-base` first, then either `ray-cluster` or `ray-job`.
 """
@@ -17,7 +18,7 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from constructs import Construct
 
-from charts import bundle, ray
+from charts import bundle, policy, ray
 from charts.models import RayCluster, RayJob
 from config.k8s import GPU_TAINT, worker_node_labels
 from config.loader import REPO_ROOT
@@ -117,24 +118,42 @@ class RayBaseChart(cdk8s.Chart):
         self.prepull = ImagePrepull(self, "ImagePrepull", config=config) if config.ray.prepull_image else None
 
 
+class RayNetworkPolicy(Construct):
+    """The NetworkPolicy of one Ray cluster (see `charts.policy`)."""
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, owner: str,
+                 rayjob: str | None = None) -> None:
+        super().__init__(scope, id)
+        self.policy = cdk8s.ApiObject(self, "NetworkPolicy", api_version=policy.API_VERSION, kind="NetworkPolicy",
+                                      metadata=_metadata(config, policy.policy_name(owner)))
+        self.policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.network_policy_spec(owner, rayjob=rayjob)))
+
+
 class RayClusterChart(cdk8s.Chart):
-    """A standalone RayCluster (submit jobs to it with `ray job submit`, see `submit.sh`)."""
+    """A standalone RayCluster (submit jobs to it with `ray job submit`, see `submit.sh`) and its NetworkPolicy."""
 
     def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
         super().__init__(scope, id)
         config = inputs.config
-        self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, ray.cluster_name(config)),
-                                      spec=ray.ray_cluster_spec(config, inputs.code))
+        name = ray.cluster_name(config)
+        self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, name),
+                                      spec=ray.ray_cluster_spec(config, inputs.code, owner=name))
+        self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name)
 
 
 class RayJobChart(cdk8s.Chart):
-    """A RayJob: creates the same cluster as `RayClusterChart`, runs `job.sh`, retries, tears down."""
+    """A RayJob: creates the same cluster as `RayClusterChart`, runs `job.sh`, retries, tears down.
+
+    The NetworkPolicy of its cluster also admits the RayJob's submitter pod.
+    """
 
     def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
         super().__init__(scope, id)
         config = inputs.config
-        self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, ray.job_name(config)),
+        name = ray.job_name(config)
+        self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, name),
                               spec=ray.ray_job_spec(config, inputs.code))
+        self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name, rayjob=name)
 
 
 def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:

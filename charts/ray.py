@@ -14,6 +14,7 @@ import yaml
 
 from charts import bundle
 from charts.models import (
+    AuthOptions,
     Capabilities,
     Container,
     ContainerPort,
@@ -25,11 +26,13 @@ from charts.models import (
     Lifecycle,
     LifecycleHandler,
     ObjectFieldSelector,
+    PodSecurityContext,
     PodSpec,
     PodTemplateSpec,
     RayClusterSpec,
     RayJobSpec,
     ResourceRequirements,
+    SeccompProfile,
     SecurityContext,
     TemplateMetadata,
     Toleration,
@@ -49,6 +52,15 @@ from config.k8s import (
 from config.model import ClusterConfig, PodResources, WorkerGroup
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
+OWNER_LABEL = "ray-efa.io/ray-owner"
+"""Pod-template label: the RayCluster or RayJob whose Ray cluster the pod belongs to (its NetworkPolicy
+selects by it; a RayJob's RayCluster gets a generated name, so `ray.io/cluster` cannot be known here)."""
+DASHBOARD_PORT = 8265
+"""The head's dashboard and Jobs API port (`ray job submit`, the operator's job status calls)."""
+EFA_CAPABILITIES = ["IPC_LOCK"]
+"""Capabilities a worker keeps after dropping ALL: EFA registers (pins) memory with the device, and
+without IPC_LOCK the container's memlock limit stops it. NCCL's ranks share one container, so its
+intra-node CUDA IPC needs no SYS_PTRACE."""
 CODE_VOLUME = "code"
 SHM_VOLUME = "dshm"
 # NCCL treats a leading '^' as "exclude every interface whose name starts with one of these".
@@ -174,15 +186,17 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
         env=_env(env),
         ports=[
             ContainerPort(name="gcs-server", container_port=6379),
-            ContainerPort(name="dashboard", container_port=8265),
+            ContainerPort(name="dashboard", container_port=DASHBOARD_PORT),
             ContainerPort(name="client", container_port=10001),
         ],
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
+        security_context=container_security_context(),
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
         node_selector=system_node_labels(),
+        security_context=pod_security_context(),
         containers=[container],
         volumes=[_code_volume(config, code), _shm_volume(head)],
     )
@@ -210,14 +224,14 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         env=_env({**_code_env(config), **transport_env(config, group)}),
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
-        # EFA registers (pins) memory with the device; without IPC_LOCK the memlock limit stops it.
-        security_context=SecurityContext(capabilities=Capabilities(add=["IPC_LOCK"])),
+        security_context=container_security_context(add=EFA_CAPABILITIES),
         # Leave the Ray cluster cleanly so the head does not wait out a heartbeat timeout.
         lifecycle=Lifecycle(pre_stop=LifecycleHandler(exec_=ExecAction(command=["/bin/sh", "-c", "ray stop"]))),
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
         node_selector=worker_pod_node_selector(group),
+        security_context=pod_security_context(),
         tolerations=[Toleration(**GPU_TAINT.toleration())],
         containers=[container],
         volumes=[_code_volume(config, code), _shm_volume(res)],
@@ -233,12 +247,37 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     )
 
 
-def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle) -> RayClusterSpec:
-    """The cluster spec shared by the RayCluster and the RayJob."""
+def container_security_context(add: list[str] | None = None) -> SecurityContext:
+    """A Ray container's security context: every capability dropped but `add`, no privilege escalation.
+
+    Not `runAsNonRoot` or a read-only root filesystem: the DLC image runs Ray as root and writes
+    /tmp/ray and the runtime env's pip installs into the image's own tree.
+    """
+    return SecurityContext(allow_privilege_escalation=False, seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+                           capabilities=Capabilities(drop=["ALL"], add=add or None))
+
+
+def pod_security_context() -> PodSecurityContext:
+    """Pod-level seccomp RuntimeDefault, so the containers KubeRay injects (wait-gcs-ready, a sidecar
+    submitter) run under it too."""
+    return PodSecurityContext(seccomp_profile=SeccompProfile(type="RuntimeDefault"))
+
+
+def owned_by(template: PodTemplateSpec, owner: str) -> PodTemplateSpec:
+    """`template` with the owner label (see `OWNER_LABEL`) added."""
+    metadata = TemplateMetadata(labels={**template.metadata.labels, OWNER_LABEL: owner})
+    return template.model_copy(update={"metadata": metadata})
+
+
+def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle, *, owner: str) -> RayClusterSpec:
+    """The cluster spec shared by the RayCluster and the RayJob; `owner` names the object it is in."""
+    head = head_group(config, code)
+    workers = [worker_group(config, g, code) for g in config.cluster.worker_groups]
     return RayClusterSpec(
         ray_version=config.ray.ray_version,
-        head_group_spec=head_group(config, code),
-        worker_group_specs=[worker_group(config, g, code) for g in config.cluster.worker_groups],
+        auth_options=AuthOptions(mode=config.ray.auth),
+        head_group_spec=head.model_copy(update={"template": owned_by(head.template, owner)}),
+        worker_group_specs=[w.model_copy(update={"template": owned_by(w.template, owner)}) for w in workers],
     )
 
 
@@ -252,7 +291,7 @@ def ray_job_spec(config: ClusterConfig, code: bundle.CodeBundle) -> RayJobSpec:
         ttl_seconds_after_finished=round(job.ttl_hours * 3600),
         active_deadline_seconds=round(job.timeout_hours * 3600),
         backoff_limit=job.retries,
-        ray_cluster_spec=ray_cluster_spec(config, code),
+        ray_cluster_spec=ray_cluster_spec(config, code, owner=job_name(config)),
     )
 
 

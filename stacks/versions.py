@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from constructs import Construct
 
+from config.k8s import KUBERAY_NAMESPACE
 from config.model import kubectl_layer_module
 
 
@@ -41,7 +42,6 @@ EFA_DEVICE_PLUGIN = ChartPin(
 
 KUBERAY_CHART = "kuberay-operator"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
-KUBERAY_NAMESPACE = "kuberay-system"
 
 
 def kuberay_operator(version: str) -> ChartPin:

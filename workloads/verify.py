@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
 from config.k8s import EFA_RESOURCE as EFA
 from config.k8s import GPU_RESOURCE as GPU
+from config.k8s import RAY_CLUSTER_LABEL as CLUSTER_LABEL
+from config.k8s import RAY_NODE_TYPE_LABEL as NODE_TYPE_LABEL
 from workloads.preflight.report import MARKER, table
 
-NODE_TYPE_LABEL = "ray.io/node-type"
-CLUSTER_LABEL = "ray.io/cluster"
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
 # zero desired pods there is normal.
 _NVIDIA_EXCLUDE = ("mps-control",)
