@@ -69,6 +69,8 @@ _SHM_CAP_GIB = 64
 # shared tensors almost nothing; and where the object store does not fit, Ray puts it in /tmp on
 # the root disk. Set explicitly: three quarters of /dev/shm, the rest left to NCCL.
 _OBJECT_STORE_SHM_FRACTION = 0.75
+# KubeRay refuses authOptions.mode token for older Ray (its validation, 1.7.0).
+RAY_TOKEN_AUTH_MIN = (2, 52, 0)
 # S3 bucket names are 3 to 63 characters.
 S3_BUCKET_NAME_MAX = 63
 # The derived bucket name carries the 12-digit account id, known only at deploy and run time.
@@ -506,6 +508,10 @@ class ClusterConfig(_Strict):
             add("ray.ray_version", f"{self.ray.ray_version} does not match the image, which ships Ray "
                 f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
 
+        if self.ray.auth == "token" and _version_tuple(self.ray.ray_version) < RAY_TOKEN_AUTH_MIN:
+            add("ray.auth", f"token authentication needs Ray {'.'.join(map(str, RAY_TOKEN_AUTH_MIN))} or later "
+                f"(ray.ray_version is {self.ray.ray_version}); use a newer image or set ray.auth: disabled")
+
         for j, requirement in enumerate(self.ray.extra_pip_packages):
             name = _requirement_name(requirement)
             if name in PROTECTED_PACKAGES:
@@ -718,6 +724,10 @@ def _image_ray_version(image: str) -> str | None:
         return KNOWN_IMAGES[image]
     match = re.fullmatch(r"(docker\.io/)?rayproject/ray(-ml)?:(\d+\.\d+\.\d+).*", image)
     return match.group(3) if match else None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 def _requirement_name(requirement: str) -> str:

@@ -35,7 +35,7 @@ PUBLIC_CIDRS = ["203.0.113.0/24", "198.51.100.7/32"]
 
 # A variant that flips every switch the default leaves off: a narrowed endpoint, admin access entry,
 # CloudWatch add-on, spot capacity scaling 0..4, two worker groups, two NAT gateways over three AZs,
-# and a bucket destroyed with the stack.
+# a bucket destroyed with the stack, and a model and dataset read from S3.
 ALT = {
     "network": {"nat_gateways": 2, "max_azs": 3},
     "cluster": {
@@ -49,7 +49,8 @@ ALT = {
         ],
     },
     "storage": {"removal_policy": "destroy"},
-    "job": {"global_batch_size": 48},
+    "job": {"global_batch_size": 48, "model": "s3://my-models/qwen/Qwen2.5-1.5B",
+            "dataset": "s3://my-data/alpaca/train.jsonl"},
 }
 
 VARIANTS = ("default", "p5", "socket", "alt")
