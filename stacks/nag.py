@@ -59,6 +59,11 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
     acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::<{bucket_id}.Arn>/{storage.prefix}/*]",
                 "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
                 "shards at run time, so this is the narrowest grant that lets it write them.")
+    for field, location in storage.s3_sources.items():
+        acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{location.bucket}/"
+                    f"{location.key}/*]",
+                    f"Read-only (s3:GetObject) on the objects under job.{field}'s own s3:// prefix; the files there "
+                    "are only known at run time.")
     auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
     if auto_delete is not None:
         acknowledge(auto_delete, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"

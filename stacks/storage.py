@@ -42,7 +42,8 @@ def read_statements(field: str, location: S3Location) -> list[iam.PolicyStatemen
 
 
 class StorageStack(cdk.Stack):
-    """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`."""
+    """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`, plus
+    read-only access to the job's `s3://` model and dataset (`s3_sources`), each exactly its prefix."""
 
     def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, cluster: eks.ICluster, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
@@ -97,7 +98,8 @@ class StorageStack(cdk.Stack):
         self.role.add_to_policy(iam.PolicyStatement(
             sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
 
-        for field, location in config.job.s3_sources.items():
+        self.s3_sources = config.job.s3_sources
+        for field, location in self.s3_sources.items():
             for statement in read_statements(field, location):
                 self.role.add_to_policy(statement)
 
