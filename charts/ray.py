@@ -55,8 +55,7 @@ PART_OF_LABEL = "app.kubernetes.io/part-of"
 OWNER_LABEL = "ray-efa.io/ray-owner"
 """Pod-template label: the RayCluster or RayJob whose Ray cluster the pod belongs to (its NetworkPolicy
 selects by it; a RayJob's RayCluster gets a generated name, so `ray.io/cluster` cannot be known here)."""
-DASHBOARD_PORT = 8265
-"""The head's dashboard and Jobs API port (`ray job submit`, the operator's job status calls)."""
+DASHBOARD_PORT = bundle.DASHBOARD_PORT
 EFA_CAPABILITIES = ["IPC_LOCK"]
 """Capabilities a worker keeps after dropping ALL: EFA registers (pins) memory with the device, and
 without IPC_LOCK the container's memlock limit stops it. NCCL's ranks share one container, so its
