@@ -19,6 +19,7 @@ import cdk8s_plus_27 as kplus
 from constructs import Construct
 
 from charts import bundle, policy, ray
+from charts.checkov import checkov_skips
 from charts.models import RayCluster, RayJob
 from config.k8s import GPU_TAINT, worker_node_labels
 from config.loader import REPO_ROOT
@@ -45,9 +46,15 @@ def inputs(config: ClusterConfig, config_file: Path | str, *, repo_root: Path = 
     return Inputs(config=config, config_file=Path(config_file), code=code)
 
 
-def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True) -> cdk8s.ApiObjectMetadata:
+def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True,
+              annotations: dict[str, str] | None = None) -> cdk8s.ApiObjectMetadata:
     return cdk8s.ApiObjectMetadata(name=name, namespace=config.ray.namespace if namespaced else None,
-                                   labels=ray.labels(config))
+                                   labels=ray.labels(config), annotations=annotations)
+
+
+def prepull_pod_labels(config: ClusterConfig) -> dict[str, str]:
+    """Labels of the image pre-pull pods (their NetworkPolicy selects them by these)."""
+    return {**ray.labels(config), "app.kubernetes.io/component": "image-prepull"}
 
 
 def prepull_node_selector(config: ClusterConfig) -> dict[str, str]:
@@ -83,10 +90,11 @@ class ImagePrepull(Construct):
                                                      read_only_root_filesystem=True, allow_privilege_escalation=False)
         common = dict(image=config.ray.image, image_pull_policy=kplus.ImagePullPolicy.IF_NOT_PRESENT, resources=tiny,
                       security_context=nobody)
+        name = f"{config.cluster.name}-image-prepull"
         self.daemon_set = kplus.DaemonSet(
             self, "DaemonSet",
-            metadata=_metadata(config, f"{config.cluster.name}-image-prepull"),
-            pod_metadata=cdk8s.ApiObjectMetadata(labels=ray.labels(config)),
+            metadata=_metadata(config, name, annotations=checkov_skips(self.checkov_reasons(config))),
+            pod_metadata=cdk8s.ApiObjectMetadata(labels=prepull_pod_labels(config)),
             init_containers=[kplus.ContainerProps(name="pull", command=["true"], **common)],
             containers=[kplus.ContainerProps(name="hold", command=["sleep", "infinity"], **common)],
             automount_service_account_token=False,
@@ -96,7 +104,29 @@ class ImagePrepull(Construct):
         self.daemon_set.scheduling.tolerate(kplus.Node.tainted(kplus.NodeTaintQuery.is_(
             GPU_TAINT.key, GPU_TAINT.value, effect=kplus.TaintEffect[GPU_TAINT.cfn_effect])))
         cdk8s.ApiObject.of(self.daemon_set).add_json_patch(
-            cdk8s.JsonPatch.add("/spec/template/spec/nodeSelector", prepull_node_selector(config)))
+            cdk8s.JsonPatch.add("/spec/template/spec/nodeSelector", prepull_node_selector(config)),
+            cdk8s.JsonPatch.add("/spec/template/spec/securityContext/seccompProfile", {"type": "RuntimeDefault"}),
+            # cdk8s-plus 27 has no name for "ALL" among its capabilities.
+            *(cdk8s.JsonPatch.add(f"/spec/template/spec/{kind}/0/securityContext/capabilities", {"drop": ["ALL"]})
+              for kind in ("initContainers", "containers")))
+        # The pods serve nothing: a policy that selects them and admits no traffic.
+        self.network_policy = cdk8s.ApiObject(
+            self, "NetworkPolicy", api_version=policy.API_VERSION, kind="NetworkPolicy",
+            metadata=_metadata(config, name))
+        self.network_policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.deny_ingress_spec(
+            prepull_pod_labels(config))))
+
+    @staticmethod
+    def checkov_reasons(config: ClusterConfig) -> dict[str, str]:
+        """checkov findings this DaemonSet's design needs, and why."""
+        reasons = {
+            "CKV_K8S_8": "runs `sleep infinity` to hold the image on the node; there is nothing to probe",
+            "CKV_K8S_9": "runs `sleep infinity` to hold the image on the node; there is nothing to probe",
+            "CKV_K8S_15": "IfNotPresent on purpose: it exists to keep the pinned image cached on the node",
+        }
+        if not config.ray.image_by_digest:
+            reasons.update([ray.CHECKOV_TAG])
+        return reasons
 
 
 class RayBaseChart(cdk8s.Chart):

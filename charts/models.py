@@ -186,6 +186,7 @@ class PodSpec(K8sModel):
     """The pod spec of a Ray head or worker."""
 
     service_account_name: str
+    automount_service_account_token: bool | None = None
     node_selector: dict[str, str]
     security_context: PodSecurityContext | None = None
     tolerations: list[Toleration] | None = None
@@ -194,9 +195,10 @@ class PodSpec(K8sModel):
 
 
 class TemplateMetadata(K8sModel):
-    """Labels of a pod template."""
+    """Labels (and annotations) of a pod template."""
 
     labels: dict[str, str]
+    annotations: dict[str, str] | None = None
 
 
 class PodTemplateSpec(K8sModel):

@@ -57,3 +57,8 @@ def network_policy_spec(owner: str, *, rayjob: str | None = None) -> dict:
                         "ports": _dashboard()})
     # Only Ingress in policyTypes: egress stays open.
     return {"podSelector": ray_pods(owner), "policyTypes": ["Ingress"], "ingress": ingress}
+
+
+def deny_ingress_spec(labels: dict[str, str]) -> dict:
+    """`NetworkPolicy.spec` that admits no connection to the pods with `labels` (egress open)."""
+    return {"podSelector": {"matchLabels": dict(labels)}, "policyTypes": ["Ingress"], "ingress": []}

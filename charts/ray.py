@@ -13,6 +13,7 @@ import json
 import yaml
 
 from charts import bundle
+from charts.checkov import checkov_skips
 from charts.models import (
     AuthOptions,
     Capabilities,
@@ -194,6 +195,7 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
+        automount_service_account_token=False,  # Pod Identity projects its own token; Ray never calls the API
         node_selector=system_node_labels(),
         security_context=pod_security_context(),
         containers=[container],
@@ -229,6 +231,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
+        automount_service_account_token=False,
         node_selector=worker_pod_node_selector(group),
         security_context=pod_security_context(),
         tolerations=[Toleration(**GPU_TAINT.toleration())],
@@ -262,9 +265,29 @@ def pod_security_context() -> PodSecurityContext:
     return PodSecurityContext(seccomp_profile=SeccompProfile(type="RuntimeDefault"))
 
 
-def owned_by(template: PodTemplateSpec, owner: str) -> PodTemplateSpec:
-    """`template` with the owner label (see `OWNER_LABEL`) added."""
-    metadata = TemplateMetadata(labels={**template.metadata.labels, OWNER_LABEL: owner})
+# checkov findings on the Ray pods that this design needs, acknowledged on each pod template.
+RAY_POD_CHECKOV_SKIPS = {
+    "CKV_K8S_8": "KubeRay adds its own exec liveness probe to every Ray container",
+    "CKV_K8S_9": "KubeRay adds its own exec readiness probe to every Ray container",
+    "CKV_K8S_15": "IfNotPresent on purpose: a multi-GB image, pinned and pre-pulled on every GPU node",
+    "CKV_K8S_22": "Ray writes its session dir under /tmp and the runtime env installs pip packages into the image",
+    "CKV_K8S_23": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",
+    "CKV_K8S_40": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",
+}
+CHECKOV_ADDED_CAPABILITY = ("CKV_K8S_25", "IPC_LOCK only: EFA pins memory with the device (memlock)")
+CHECKOV_TAG = ("CKV_K8S_43", "pinned by tag in ray.image; pin a digest (repo@sha256:...) for production")
+
+
+def finish_template(config: ClusterConfig, template: PodTemplateSpec, owner: str) -> PodTemplateSpec:
+    """`template` with the owner label (see `OWNER_LABEL`) and its checkov acknowledgments added."""
+    skips = dict(RAY_POD_CHECKOV_SKIPS)
+    if any(c.security_context and c.security_context.capabilities and c.security_context.capabilities.add
+           for c in template.spec.containers):
+        skips.update([CHECKOV_ADDED_CAPABILITY])
+    if not config.ray.image_by_digest:
+        skips.update([CHECKOV_TAG])
+    metadata = TemplateMetadata(labels={**template.metadata.labels, OWNER_LABEL: owner},
+                                annotations={**(template.metadata.annotations or {}), **checkov_skips(skips)})
     return template.model_copy(update={"metadata": metadata})
 
 
@@ -275,8 +298,9 @@ def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle, *, owner: s
     return RayClusterSpec(
         ray_version=config.ray.ray_version,
         auth_options=AuthOptions(mode=config.ray.auth),
-        head_group_spec=head.model_copy(update={"template": owned_by(head.template, owner)}),
-        worker_group_specs=[w.model_copy(update={"template": owned_by(w.template, owner)}) for w in workers],
+        head_group_spec=head.model_copy(update={"template": finish_template(config, head.template, owner)}),
+        worker_group_specs=[w.model_copy(update={"template": finish_template(config, w.template, owner)})
+                            for w in workers],
     )
 
 

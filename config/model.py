@@ -299,6 +299,11 @@ class RayConfig(_Strict):
                     "cluster) or disabled (anyone reaching the head may run code).",
     )
 
+    @property
+    def image_by_digest(self) -> bool:
+        """Whether `image` is pinned by content (repo@sha256:...) rather than by a tag."""
+        return bool(_DIGEST_RE.fullmatch(self.image))
+
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:

@@ -1,7 +1,9 @@
-"""cdk-nag (AwsSolutions) acknowledgments: each scoped to the construct it concerns, each with its reason.
+"""cdk-nag (AwsSolutions) and checkov acknowledgments: each scoped to the resource it concerns, each with
+its reason.
 
 cdk-nag 3 reports one finding per rule and resource (e.g. one per managed policy), and each must be
-acknowledged by its full id; nothing is acknowledged stack-wide.
+acknowledged by its full id; nothing is acknowledged stack-wide. checkov reads `Metadata.checkov.skip`
+on the CloudFormation resource itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC
 def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
     """Acknowledge one AwsSolutions finding (`rule`, e.g. `AwsSolutions-S1`) on `scope` and below."""
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{_PACK}::{rule}", reason=reason))
+
+
+def checkov_skip(construct: IConstruct, check: str, reason: str) -> None:
+    """Acknowledge checkov's `check` (e.g. `CKV_AWS_18`) on `construct`'s CloudFormation resource."""
+    resource = construct if isinstance(construct, cdk.CfnResource) else construct.node.default_child
+    skips = (resource.get_metadata("checkov") or {}).get("skip", [])
+    resource.add_metadata("checkov", {"skip": [*skips, {"id": check, "comment": reason}]})
 
 
 def managed_policy(name: str) -> str:
@@ -52,9 +61,13 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
                     "that agent's service account only, through Pod Identity.")
 
     storage = stacks.storage
-    acknowledge(storage.bucket, "AwsSolutions-S1",
-                "Holds only this job's checkpoints and model exports, written by one role; server access logs "
-                "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
+    access_logs = ("Holds only this job's checkpoints and model exports, written by one role; server access logs "
+                   "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
+    acknowledge(storage.bucket, "AwsSolutions-S1", access_logs)
+    checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
+    checkov_skip(stacks.network.flow_logs, "CKV_AWS_158",
+                 "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
+                 "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")
     bucket_id = _logical_id(storage.bucket)
     acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::<{bucket_id}.Arn>/{storage.prefix}/*]",
                 "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
@@ -66,6 +79,10 @@ def acknowledge_findings(stacks: ProjectStacks) -> None:
                     "are only known at run time.")
     auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
     if auto_delete is not None:
+        for check in ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117"):
+            checkov_skip(auto_delete.node.find_child("Handler"), check,
+                         "CDK's bucket auto-delete Lambda (removal_policy: destroy); CDK defines it without reserved "
+                         "concurrency, dead-letter queue or VPC, and it runs once, at stack deletion.")
         acknowledge(auto_delete, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
                     "AWSLambdaBasicExecutionRole]",
                     "CDK's bucket auto-delete provider (removal_policy: destroy) logs through the basic Lambda "
@@ -89,6 +106,11 @@ def _acknowledge_kubectl_provider(stacks: ProjectStacks) -> None:
     acknowledge(provider, f"AwsSolutions-IAM4[Policy::{json.dumps(ecr_public, separators=(',', ':'))}]", reason)
     acknowledge(provider, f"AwsSolutions-IAM5[Resource::<{_logical_id(handler)}.Arn>:*]",
                 "CDK's custom-resource framework invokes any version of the kubectl handler it created.")
+    for function in (handler, provider.node.find_child("Provider").node.find_child("framework-onEvent")):
+        for check, what in (("CKV_AWS_115", "a reserved concurrency"), ("CKV_AWS_116", "a dead-letter queue"),
+                            ("CKV_AWS_173", "a customer-managed key for its environment")):
+            checkov_skip(function, check, f"CDK's kubectl provider Lambda (aws_eks_v2); CDK defines it without "
+                         f"{what}, and CloudFormation retries a failed custom resource itself.")
     acknowledge(handler, "AwsSolutions-L1",
                 "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
                 "layer pins the tools; bumping aws-cdk-lib moves it forward.")

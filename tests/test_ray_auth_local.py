@@ -44,8 +44,8 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _ready(url: str, deadline: float) -> bool:
-    while time.monotonic() < deadline:
+def _ready(url: str, proc: subprocess.Popen, deadline: float) -> bool:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"{url}/api/authentication_mode", timeout=2) as response:
                 if response.status == 200:
@@ -66,11 +66,13 @@ def head():
     args = [str(_RAY), "start", "--head", "--block", "--num-cpus=1", "--node-ip-address=127.0.0.1",
             "--dashboard-host=127.0.0.1", "--include-dashboard=true", f"--temp-dir={temp}",
             *(f"{flag}={port}" for flag, port in ports.items())]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = temp / "ray-start.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{ports['--dashboard-port']}"
     try:
-        if not _ready(url, time.monotonic() + 240):
-            pytest.fail(f"Ray head did not start: exit {proc.poll()}")
+        if not _ready(url, proc, time.monotonic() + 240):
+            pytest.fail(f"Ray head did not start (exit {proc.poll()}): {log.read_text(errors='replace')[-3000:]}")
         yield {"url": url, "token": token}
     finally:
         _stop(proc)
@@ -78,8 +80,8 @@ def head():
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End the head's process group (the session `ray start` led), SIGKILL after 30 s."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+    """End the head's process group (the session `ray start` led), SIGKILL after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
