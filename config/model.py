@@ -512,8 +512,7 @@ class ClusterConfig(_Strict):
         if image_version is not None and image_version != self.ray.ray_version:
             add("ray.ray_version", f"{self.ray.ray_version} does not match the image, which ships Ray "
                 f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
-
-        if self.ray.auth == "token" and _version_tuple(self.ray.ray_version) < RAY_TOKEN_AUTH_MIN:
+        elif self.ray.auth == "token" and _version_tuple(self.ray.ray_version) < RAY_TOKEN_AUTH_MIN:
             add("ray.auth", f"token authentication needs Ray {'.'.join(map(str, RAY_TOKEN_AUTH_MIN))} or later "
                 f"(ray.ray_version is {self.ray.ray_version}); use a newer image or set ray.auth: disabled")
 

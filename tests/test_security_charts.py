@@ -151,7 +151,7 @@ def test_no_token_in_the_manifests(default):
 def test_manifests_with_auth_and_network_policies_validate(default, socket):
     for objects in (default, socket):
         assert validation.problems(objects, "1.34") == []
-        assert len(_policies(objects)) == 2
+        assert set(_policies(objects)) == {"ray-efa-ray", "ray-efa-job-ray", "ray-efa-image-prepull"}
 
 
 # ---- the NetworkPolicy ----------------------------------------------------------------------------
@@ -206,7 +206,8 @@ def test_policy_selects_every_ray_pod_and_nothing_else(default):
             assert selects(pol["spec"]["podSelector"], pod["labels"])
     prepull = _one(default, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     submitter = submitter_pod("ray-efa-job")["labels"]
-    for pol in by_name.values():
+    for owner in specs:
+        pol = by_name[policy.policy_name(owner)]
         assert not selects(pol["spec"]["podSelector"], prepull)
         assert not selects(pol["spec"]["podSelector"], submitter)
 
@@ -283,3 +284,53 @@ def test_token_auth_needs_ray_2_52(tmp_path):
     code, _, err = check(write_variant(tmp_path, {"ray": {"image": "rayproject/ray:2.50.0-gpu", "ray_version": "2.50.0",
                                                           "auth": "disabled"}}))
     assert code == 0, err
+
+
+# ---- checkov acknowledgments and the scan export ------------------------------------------------
+
+
+def _skips(annotations: dict[str, str]) -> dict[str, str]:
+    found = dict(value.split("=", 1) for key, value in annotations.items() if key.startswith("checkov.io/skip"))
+    assert all(reason.strip() for reason in found.values())
+    return found
+
+
+def test_ray_pod_templates_acknowledge_checkov_findings_with_reasons(default):
+    for _, group, template in _ray_containers(default):
+        skips = _skips(template["metadata"]["annotations"])
+        assert {"CKV_K8S_8", "CKV_K8S_9", "CKV_K8S_22", "CKV_K8S_23", "CKV_K8S_43"} <= set(skips)
+        assert ("CKV_K8S_25" in skips) == (group != "head")  # only the workers add a capability
+
+
+def test_a_digest_pinned_image_needs_no_digest_acknowledgment(tmp_path):
+    objects = _objects(write_variant(tmp_path, {"ray": {"image": DIGEST}}))
+    for _, _, template in _ray_containers(objects):
+        assert "CKV_K8S_43" not in _skips(template["metadata"]["annotations"])
+        assert template["spec"]["containers"][0]["image"] == DIGEST
+    assert "CKV_K8S_43" not in _skips(_one(objects, "DaemonSet")["metadata"]["annotations"])
+
+
+def test_prepull_pods_are_hardened_and_closed(default):
+    daemon_set = _one(default, "DaemonSet")
+    pod = daemon_set["spec"]["template"]
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["spec"]["containers"] + pod["spec"]["initContainers"]:
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    closed = [p for p in _policies(default).values() if selects(p["spec"]["podSelector"], pod["metadata"]["labels"])]
+    assert len(closed) == 1 and closed[0]["spec"]["ingress"] == []
+    target = _pod(pod["metadata"]["labels"])
+    assert not admitted(list(_policies(default).values()), target, OPERATOR, 8265)
+
+
+def test_scan_export_writes_every_ray_pod_as_kuberay_names_it(default, tmp_path):
+    from charts import scan
+
+    pods = scan.ray_pods(default)
+    assert sorted(p["metadata"]["name"] for p in pods) == ["ray-efa-gpu", "ray-efa-head", "ray-efa-job-gpu",
+                                                           "ray-efa-job-head"]
+    policies = list(_policies(default).values())
+    for pod in pods:
+        assert pod["metadata"]["annotations"]  # the inline acknowledgments travel with the pod
+        assert any(selects(p["spec"]["podSelector"], pod["metadata"]["labels"]) for p in policies)
+    assert validation.problems(pods, "1.34") == []

@@ -134,3 +134,28 @@ def test_s3_input_grants_are_read_only():
     extra = [st for st in _pod_role_statements("alt") if st["Sid"].startswith(("ReadJob", "ListJob"))]
     assert len(extra) == 4
     assert {st["Action"] for st in extra} == {"s3:GetObject", "s3:ListBucket"}
+
+
+def _checkov_skips(variant: str) -> dict[tuple[str, str], str]:
+    """(resource type, logical id) -> {check: reason} from Metadata.checkov.skip, every stack."""
+    found = {}
+    for template_ in synth(variant).templates.values():
+        for logical, res in template_["Resources"].items():
+            for skip in ((res.get("Metadata") or {}).get("checkov") or {}).get("skip", []):
+                assert skip["comment"].strip(), (logical, skip)
+                found.setdefault((res["Type"], logical), set()).add(skip["id"])
+    return found
+
+
+@pytest.mark.parametrize("variant", ["default", "alt"])
+def test_checkov_acknowledgments_are_scoped_and_explained(variant):
+    skips = _checkov_skips(variant)
+    by_type = {}
+    for (kind, _), checks in skips.items():
+        by_type.setdefault(kind, set()).update(checks)
+    assert by_type["AWS::S3::Bucket"] == {"CKV_AWS_18"}
+    assert by_type["AWS::Logs::LogGroup"] == {"CKV_AWS_158"}
+    # Only CDK's own Lambdas (the kubectl provider; with removal_policy: destroy the auto-delete provider).
+    lambdas = [logical for kind, logical in skips if kind == "AWS::Lambda::Function"]
+    assert lambdas and all("KubectlProvider" in name or "AutoDelete" in name for name in lambdas)
+    assert set(by_type) == {"AWS::S3::Bucket", "AWS::Logs::LogGroup", "AWS::Lambda::Function"}
