@@ -110,7 +110,7 @@ def _acknowledge_kubectl_provider(stacks: ProjectStacks) -> None:
         for check, what in (("CKV_AWS_115", "a reserved concurrency"), ("CKV_AWS_116", "a dead-letter queue"),
                             ("CKV_AWS_173", "a customer-managed key for its environment")):
             checkov_skip(function, check, f"CDK's kubectl provider Lambda (aws_eks_v2); CDK defines it without "
-                         f"{what}, and CloudFormation retries a failed custom resource itself.")
+                         f"{what}; it runs only during deployments, where a failure fails the stack update.")
     acknowledge(handler, "AwsSolutions-L1",
                 "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
                 "layer pins the tools; bumping aws-cdk-lib moves it forward.")
