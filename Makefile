@@ -3,6 +3,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+CHECKOV_VENV := .venv-checkov
+CHECKOV := $(CHECKOV_VENV)/bin/checkov --compact --quiet --skip-download
 PYTHON ?= python3
 DEMO_DIR ?= out/demo
 DEMO_STEPS ?=
@@ -21,7 +23,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup node-check synth synth-cdk synth-k8s demo test lint bench clean
+.PHONY: setup node-check synth synth-cdk synth-k8s demo test lint bench checkov clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: node-check $(VENV)/.installed node_modules/.installed
@@ -71,6 +73,19 @@ lint: setup
 
 bench: setup
 	for b in bench/*.py; do [ "$$b" = bench/gpu_throughput.py ] || $(PY) $$b || exit 1; done
+
+# checkov on what the project authors: the manifests plus the Ray pods inside the RayCluster and RayJob
+# (charts/scan.py), and the CloudFormation templates. Its own venv: checkov's dependencies are not ours.
+# Accepted findings are acknowledged inline (checkov.io/skipN annotations, Metadata.checkov.skip).
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-checkov.txt
+	touch $@
+
+checkov: synth $(CHECKOV_VENV)/.installed
+	$(PY) -m charts.scan dist out/checkov
+	$(CHECKOV) --framework kubernetes -d out/checkov
+	$(CHECKOV) --framework cloudformation -d cdk.out
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache

@@ -2,8 +2,9 @@
 
 - `ray-base`: Namespace, the Ray service account (bound to the checkpoint bucket by the stacks'
   Pod Identity association), the code ConfigMap and, optionally, the image pre-pull DaemonSet.
-- `ray-cluster`: a standalone RayCluster to submit jobs to.
-- `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down.
+- `ray-cluster`: a standalone RayCluster to submit jobs to, and its NetworkPolicy.
+- `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down,
+  and the NetworkPolicy of that cluster.
 
 Apply `ray-base` first, then either `ray-cluster` or `ray-job`.
 """
@@ -17,7 +18,8 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from constructs import Construct
 
-from charts import bundle, ray
+from charts import bundle, policy, ray
+from charts.checkov import checkov_skips
 from charts.models import RayCluster, RayJob
 from config.k8s import GPU_TAINT
 from config.loader import REPO_ROOT
@@ -44,9 +46,15 @@ def inputs(config: ClusterConfig, config_file: Path | str, *, repo_root: Path = 
     return Inputs(config=config, config_file=Path(config_file), code=code)
 
 
-def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True) -> cdk8s.ApiObjectMetadata:
+def _metadata(config: ClusterConfig, name: str, *, namespaced: bool = True,
+              annotations: dict[str, str] | None = None) -> cdk8s.ApiObjectMetadata:
     return cdk8s.ApiObjectMetadata(name=name, namespace=config.ray.namespace if namespaced else None,
-                                   labels=ray.labels(config))
+                                   labels=ray.labels(config), annotations=annotations)
+
+
+def prepull_pod_labels(config: ClusterConfig) -> dict[str, str]:
+    """Labels of the image pre-pull pods (their NetworkPolicy selects them by these)."""
+    return {**ray.labels(config), "app.kubernetes.io/component": "image-prepull"}
 
 
 class CodeConfigMap(Construct):
@@ -80,10 +88,11 @@ class ImagePrepull(Construct):
                                                      read_only_root_filesystem=True, allow_privilege_escalation=False)
         common = dict(image=config.ray.image, image_pull_policy=kplus.ImagePullPolicy.IF_NOT_PRESENT, resources=tiny,
                       security_context=nobody)
+        name = f"{config.cluster.name}-image-prepull"
         self.daemon_set = kplus.DaemonSet(
             self, "DaemonSet",
-            metadata=_metadata(config, f"{config.cluster.name}-image-prepull"),
-            pod_metadata=cdk8s.ApiObjectMetadata(labels=ray.labels(config)),
+            metadata=_metadata(config, name, annotations=checkov_skips(self.checkov_reasons(config))),
+            pod_metadata=cdk8s.ApiObjectMetadata(labels=prepull_pod_labels(config)),
             init_containers=[kplus.ContainerProps(name="pull", command=["true"], **common)],
             containers=[kplus.ContainerProps(name="hold", command=["sleep", "infinity"], **common)],
             automount_service_account_token=False,
@@ -92,6 +101,29 @@ class ImagePrepull(Construct):
         )
         self.daemon_set.scheduling.tolerate(kplus.Node.tainted(kplus.NodeTaintQuery.is_(
             GPU_TAINT.key, GPU_TAINT.value, effect=kplus.TaintEffect[GPU_TAINT.cfn_effect])))
+        cdk8s.ApiObject.of(self.daemon_set).add_json_patch(
+            cdk8s.JsonPatch.add("/spec/template/spec/securityContext/seccompProfile", {"type": "RuntimeDefault"}),
+            # cdk8s-plus 27 has no name for "ALL" among its capabilities.
+            *(cdk8s.JsonPatch.add(f"/spec/template/spec/{kind}/0/securityContext/capabilities", {"drop": ["ALL"]})
+              for kind in ("initContainers", "containers")))
+        # The pods serve nothing: a policy that selects them and admits no traffic.
+        self.network_policy = cdk8s.ApiObject(
+            self, "NetworkPolicy", api_version=policy.API_VERSION, kind="NetworkPolicy",
+            metadata=_metadata(config, name))
+        self.network_policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.deny_ingress_spec(
+            prepull_pod_labels(config))))
+
+    @staticmethod
+    def checkov_reasons(config: ClusterConfig) -> dict[str, str]:
+        """checkov findings this DaemonSet's design needs, and why."""
+        reasons = {
+            "CKV_K8S_8": "runs `sleep infinity` to hold the image on the node; there is nothing to probe",
+            "CKV_K8S_9": "runs `sleep infinity` to hold the image on the node; there is nothing to probe",
+            "CKV_K8S_15": "IfNotPresent on purpose: it exists to keep the pinned image cached on the node",
+        }
+        if not config.ray.image_by_digest:
+            reasons.update([ray.CHECKOV_TAG])
+        return reasons
 
 
 class RayBaseChart(cdk8s.Chart):
@@ -113,24 +145,42 @@ class RayBaseChart(cdk8s.Chart):
         self.prepull = ImagePrepull(self, "ImagePrepull", config=config) if config.ray.prepull_image else None
 
 
+class RayNetworkPolicy(Construct):
+    """The NetworkPolicy of one Ray cluster (see `charts.policy`)."""
+
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, owner: str,
+                 rayjob: str | None = None) -> None:
+        super().__init__(scope, id)
+        self.policy = cdk8s.ApiObject(self, "NetworkPolicy", api_version=policy.API_VERSION, kind="NetworkPolicy",
+                                      metadata=_metadata(config, policy.policy_name(owner)))
+        self.policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.network_policy_spec(owner, rayjob=rayjob)))
+
+
 class RayClusterChart(cdk8s.Chart):
-    """A standalone RayCluster (submit jobs to it with `ray job submit`, see `submit.sh`)."""
+    """A standalone RayCluster (submit jobs to it with `ray job submit`, see `submit.sh`) and its NetworkPolicy."""
 
     def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
         super().__init__(scope, id)
         config = inputs.config
-        self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, ray.cluster_name(config)),
-                                      spec=ray.ray_cluster_spec(config, inputs.code))
+        name = ray.cluster_name(config)
+        self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, name),
+                                      spec=ray.ray_cluster_spec(config, inputs.code, owner=name))
+        self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name)
 
 
 class RayJobChart(cdk8s.Chart):
-    """A RayJob: creates the same cluster as `RayClusterChart`, runs `job.sh`, retries, tears down."""
+    """A RayJob: creates the same cluster as `RayClusterChart`, runs `job.sh`, retries, tears down.
+
+    The NetworkPolicy of its cluster also admits the RayJob's submitter pod.
+    """
 
     def __init__(self, scope: Construct, id: str, *, inputs: Inputs) -> None:
         super().__init__(scope, id)
         config = inputs.config
-        self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, ray.job_name(config)),
+        name = ray.job_name(config)
+        self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, name),
                               spec=ray.ray_job_spec(config, inputs.code))
+        self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name, rayjob=name)
 
 
 def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:

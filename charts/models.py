@@ -107,15 +107,30 @@ class Volume(K8sModel):
 
 
 class Capabilities(K8sModel):
-    """Linux capabilities added to a container."""
+    """Linux capabilities dropped from and added to a container (drop is applied first)."""
 
-    add: list[str]
+    drop: list[str] | None = None
+    add: list[str] | None = None
+
+
+class SeccompProfile(K8sModel):
+    """The seccomp filter a container runs under."""
+
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
 
 
 class SecurityContext(K8sModel):
-    """Container security context (only capabilities are set here)."""
+    """Container security context."""
 
-    capabilities: Capabilities
+    allow_privilege_escalation: bool | None = None
+    capabilities: Capabilities | None = None
+    seccomp_profile: SeccompProfile | None = None
+
+
+class PodSecurityContext(K8sModel):
+    """Pod security context: applies to every container, those KubeRay injects included."""
+
+    seccomp_profile: SeccompProfile | None = None
 
 
 class ExecAction(K8sModel):
@@ -171,16 +186,19 @@ class PodSpec(K8sModel):
     """The pod spec of a Ray head or worker."""
 
     service_account_name: str
+    automount_service_account_token: bool | None = None
     node_selector: dict[str, str]
+    security_context: PodSecurityContext | None = None
     tolerations: list[Toleration] | None = None
     containers: list[Container]
     volumes: list[Volume]
 
 
 class TemplateMetadata(K8sModel):
-    """Labels of a pod template."""
+    """Labels (and annotations) of a pod template."""
 
     labels: dict[str, str]
+    annotations: dict[str, str] | None = None
 
 
 class PodTemplateSpec(K8sModel):
@@ -214,10 +232,18 @@ class WorkerGroupSpec(K8sModel):
     template: PodTemplateSpec
 
 
+class AuthOptions(K8sModel):
+    """Ray token authentication; with `mode: token` and no `secretName` the operator generates a random
+    token in a Secret named after the RayCluster (key `auth_token`) and injects it into every Ray container."""
+
+    mode: Literal["token", "disabled"]
+
+
 class RayClusterSpec(K8sModel):
     """`RayCluster.spec` (also `RayJob.spec.rayClusterSpec`)."""
 
     ray_version: str
+    auth_options: AuthOptions | None = None
     enable_in_tree_autoscaling: Literal[False] = False
     head_group_spec: HeadGroupSpec
     worker_group_specs: list[WorkerGroupSpec]

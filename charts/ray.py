@@ -14,7 +14,9 @@ import re
 import yaml
 
 from charts import bundle
+from charts.checkov import checkov_skips
 from charts.models import (
+    AuthOptions,
     Capabilities,
     Container,
     ContainerPort,
@@ -26,11 +28,13 @@ from charts.models import (
     Lifecycle,
     LifecycleHandler,
     ObjectFieldSelector,
+    PodSecurityContext,
     PodSpec,
     PodTemplateSpec,
     RayClusterSpec,
     RayJobSpec,
     ResourceRequirements,
+    SeccompProfile,
     SecurityContext,
     TemplateMetadata,
     Toleration,
@@ -51,6 +55,14 @@ from config.loader import REPO_ROOT
 from config.model import ClusterConfig, PodResources, WorkerGroup, requirement_name
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
+OWNER_LABEL = "ray-efa.io/ray-owner"
+"""Pod-template label: the RayCluster or RayJob whose Ray cluster the pod belongs to (its NetworkPolicy
+selects by it; a RayJob's RayCluster gets a generated name, so `ray.io/cluster` cannot be known here)."""
+DASHBOARD_PORT = bundle.DASHBOARD_PORT
+EFA_CAPABILITIES = ["IPC_LOCK"]
+"""Capabilities a worker keeps after dropping ALL: EFA registers (pins) memory with the device, and
+without IPC_LOCK the container's memlock limit stops it. NCCL's ranks share one container, so its
+intra-node CUDA IPC needs no SYS_PTRACE."""
 CODE_VOLUME = "code"
 SHM_VOLUME = "dshm"
 # NCCL treats a leading '^' as "exclude every interface whose name starts with one of these".
@@ -215,15 +227,18 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
         env=_env(env),
         ports=[
             ContainerPort(name="gcs-server", container_port=6379),
-            ContainerPort(name="dashboard", container_port=8265),
+            ContainerPort(name="dashboard", container_port=DASHBOARD_PORT),
             ContainerPort(name="client", container_port=10001),
         ],
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
+        security_context=container_security_context(),
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
+        automount_service_account_token=False,  # Pod Identity projects its own token; Ray never calls the API
         node_selector=system_node_labels(),
+        security_context=pod_security_context(),
         containers=[container],
         volumes=[_code_volume(config, code), _shm_volume(head)],
     )
@@ -251,14 +266,15 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         env=_env({**_code_env(config), **transport_env(config, group)}),
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
-        # EFA registers (pins) memory with the device; without IPC_LOCK the memlock limit stops it.
-        security_context=SecurityContext(capabilities=Capabilities(add=["IPC_LOCK"])),
+        security_context=container_security_context(add=EFA_CAPABILITIES),
         # Leave the Ray cluster cleanly so the head does not wait out a heartbeat timeout.
         lifecycle=Lifecycle(pre_stop=LifecycleHandler(exec_=ExecAction(command=["/bin/sh", "-c", "ray stop"]))),
     )
     spec = PodSpec(
         service_account_name=config.ray.service_account,
+        automount_service_account_token=False,
         node_selector=worker_pod_node_selector(group),
+        security_context=pod_security_context(),
         tolerations=[Toleration(**GPU_TAINT.toleration())],
         containers=[container],
         volumes=[_code_volume(config, code), _shm_volume(res)],
@@ -274,12 +290,58 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     )
 
 
-def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle) -> RayClusterSpec:
-    """The cluster spec shared by the RayCluster and the RayJob."""
+def container_security_context(add: list[str] | None = None) -> SecurityContext:
+    """A Ray container's security context: every capability dropped but `add`, no privilege escalation.
+
+    Not `runAsNonRoot` or a read-only root filesystem: the DLC image runs Ray as root and writes
+    /tmp/ray and the runtime env's pip installs into the image's own tree.
+    """
+    return SecurityContext(allow_privilege_escalation=False, seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+                           capabilities=Capabilities(drop=["ALL"], add=add or None))
+
+
+def pod_security_context() -> PodSecurityContext:
+    """Pod-level seccomp RuntimeDefault, so the containers KubeRay injects (wait-gcs-ready, a sidecar
+    submitter) run under it too."""
+    return PodSecurityContext(seccomp_profile=SeccompProfile(type="RuntimeDefault"))
+
+
+# checkov findings on the Ray pods that this design needs, acknowledged on each pod template.
+RAY_POD_CHECKOV_SKIPS = {
+    "CKV_K8S_8": "KubeRay adds its own exec liveness probe to every Ray container",
+    "CKV_K8S_9": "KubeRay adds its own exec readiness probe to every Ray container",
+    "CKV_K8S_15": "IfNotPresent on purpose: a multi-GB image, pinned and pre-pulled on every GPU node",
+    "CKV_K8S_22": "Ray writes its session dir under /tmp and the runtime env installs pip packages into the image",
+    "CKV_K8S_23": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",
+    "CKV_K8S_40": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",
+}
+CHECKOV_ADDED_CAPABILITY = ("CKV_K8S_25", "IPC_LOCK only: EFA pins memory with the device (memlock)")
+CHECKOV_TAG = ("CKV_K8S_43", "pinned by tag in ray.image; pin a digest (repo@sha256:...) for production")
+
+
+def finish_template(config: ClusterConfig, template: PodTemplateSpec, owner: str) -> PodTemplateSpec:
+    """`template` with the owner label (see `OWNER_LABEL`) and its checkov acknowledgments added."""
+    skips = dict(RAY_POD_CHECKOV_SKIPS)
+    if any(c.security_context and c.security_context.capabilities and c.security_context.capabilities.add
+           for c in template.spec.containers):
+        skips.update([CHECKOV_ADDED_CAPABILITY])
+    if not config.ray.image_by_digest:
+        skips.update([CHECKOV_TAG])
+    metadata = TemplateMetadata(labels={**template.metadata.labels, OWNER_LABEL: owner},
+                                annotations={**(template.metadata.annotations or {}), **checkov_skips(skips)})
+    return template.model_copy(update={"metadata": metadata})
+
+
+def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle, *, owner: str) -> RayClusterSpec:
+    """The cluster spec shared by the RayCluster and the RayJob; `owner` names the object it is in."""
+    head = head_group(config, code)
+    workers = [worker_group(config, g, code) for g in config.cluster.worker_groups]
     return RayClusterSpec(
         ray_version=config.ray.ray_version,
-        head_group_spec=head_group(config, code),
-        worker_group_specs=[worker_group(config, g, code) for g in config.cluster.worker_groups],
+        auth_options=AuthOptions(mode=config.ray.auth),
+        head_group_spec=head.model_copy(update={"template": finish_template(config, head.template, owner)}),
+        worker_group_specs=[w.model_copy(update={"template": finish_template(config, w.template, owner)})
+                            for w in workers],
     )
 
 
@@ -293,7 +355,7 @@ def ray_job_spec(config: ClusterConfig, code: bundle.CodeBundle) -> RayJobSpec:
         ttl_seconds_after_finished=round(job.ttl_hours * 3600),
         active_deadline_seconds=round(job.timeout_hours * 3600),
         backoff_limit=job.retries,
-        ray_cluster_spec=ray_cluster_spec(config, code),
+        ray_cluster_spec=ray_cluster_spec(config, code, owner=job_name(config)),
     )
 
 

@@ -37,6 +37,20 @@ HUGEPAGES_RESOURCE = "hugepages-2Mi"
 NODE_NAME_ENV = "K8S_NODE_NAME"
 """Container env var holding the pod's node name (Downward API `spec.nodeName`); the preflight counts nodes by it."""
 
+KUBERAY_NAMESPACE = "kuberay-system"
+"""Namespace the stacks install the KubeRay operator into (the Ray pods' NetworkPolicy admits it from there)."""
+KUBERAY_OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
+"""Labels the kuberay-operator Helm chart puts on the operator's pods."""
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Label the API server puts on every namespace: its name (what a NetworkPolicy's namespaceSelector can match)."""
+# Labels the KubeRay operator (1.7.0) puts on the pods it creates: `ray.io/cluster` (the RayCluster's
+# name), `ray.io/node-type` (head or worker) on head and worker pods; on a RayJob's K8sJobMode
+# submitter pod, `ray.io/originated-from-cr-name` (the RayJob's name) and `ray.io/originated-from-crd`.
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_ORIGINATED_FROM_NAME_LABEL = "ray.io/originated-from-cr-name"
+RAY_ORIGINATED_FROM_CRD_LABEL = "ray.io/originated-from-crd"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Taint:

@@ -70,6 +70,8 @@ _SHM_CAP_GIB = 64
 # shared tensors almost nothing; and where the object store does not fit, Ray puts it in /tmp on
 # the root disk. Set explicitly: three quarters of /dev/shm, the rest left to NCCL.
 _OBJECT_STORE_SHM_FRACTION = 0.75
+# KubeRay refuses authOptions.mode token for older Ray (its validation, 1.7.0).
+RAY_TOKEN_AUTH_MIN = (2, 52, 0)
 # S3 bucket names are 3 to 63 characters.
 S3_BUCKET_NAME_MAX = 63
 # The derived bucket name carries the 12-digit account id, known only at deploy and run time.
@@ -79,6 +81,36 @@ EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
 NAT_GATEWAY_USD_PER_HOUR = 0.045
 
 _AZ_RE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d)[a-z]$")
+# An image pinned by content: `repo@sha256:<64 hex>` (a tag may stand before the digest).
+_DIGEST_RE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+# `s3://BUCKET/KEY-PREFIX`: S3's bucket-name rules (3-63 lowercase letters, digits, '.', '-', starting
+# and ending with a letter or digit) and a non-empty key with no whitespace or glob characters.
+_S3_URI_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>[^\s*?\[\]]+)$")
+_S3_SCHEME_RE = re.compile(r"^s3[an]?:", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Location:
+    """An `s3://bucket/key` the job reads: the bucket and the key prefix (no trailing '/')."""
+
+    bucket: str
+    key: str
+
+
+def parse_s3_uri(value: str) -> S3Location | None:
+    """`S3Location` of an `s3://` URI, None for anything that is not one (hub id, local path).
+
+    Raises `ValueError` for a malformed S3 URI, so a typo cannot fall through to "hub id".
+    """
+    if not _S3_SCHEME_RE.match(value):
+        return None
+    match = _S3_URI_RE.fullmatch(value)
+    bucket, key = (match.group("bucket"), match.group("key")) if match else ("", "")
+    if (not key.strip("/") or key.startswith("/") or "//" in key or ".." in bucket
+            or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket)):
+        raise ValueError(f"malformed S3 URI '{value}'; write s3://BUCKET/PREFIX (a bucket name of 3-63 lowercase "
+                         "letters, digits, '.' or '-', then a non-empty key prefix without wildcards)")
+    return S3Location(bucket=bucket, key=key.rstrip("/"))
 
 
 class _Strict(BaseModel):
@@ -253,7 +285,7 @@ class RayConfig(_Strict):
 
     image: str = Field(
         default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
-        description="Container image for head and workers, pinned by tag (never built here).",
+        description="Container image for head and workers, pinned by tag or digest (repo@sha256:...; never built).",
     )
     ray_version: str = Field(default="2.58.0", description="Ray version inside the image (must match it).")
     kuberay_version: str = Field(default="1.7.0", description="KubeRay operator Helm chart version.")
@@ -269,12 +301,24 @@ class RayConfig(_Strict):
     preflight: bool = Field(default=True, description="Run the EFA/GPU preflight checks before training.")
     prepull_image: bool = Field(default=True, description="Pre-pull the image on every node (GPU and system) with a "
                                 "DaemonSet.")
+    auth: Literal["token", "disabled"] = Field(
+        default="token",
+        description="Ray token authentication (KubeRay authOptions): token (the operator makes a Secret per "
+                    "cluster) or disabled (anyone reaching the head may run code).",
+    )
+
+    @property
+    def image_by_digest(self) -> bool:
+        """Whether `image` is pinned by content (repo@sha256:...) rather than by a tag."""
+        return bool(_DIGEST_RE.fullmatch(self.image))
 
     @field_validator("image")
     @classmethod
     def _pinned(cls, value: str) -> str:
         name, _, tag = value.rpartition(":")
-        if "@sha256:" in value:
+        if "@" in value:
+            if not _DIGEST_RE.fullmatch(value):
+                raise ValueError("malformed digest; pin it as repo@sha256:<64 lowercase hex digits>")
             return value
         if not name or "/" in tag or not tag:
             raise ValueError("image has no tag; pin it, e.g. ...:train-ml-cuda-v1.1")
@@ -316,10 +360,13 @@ class StorageConfig(_Strict):
 class JobConfig(_Strict):
     """The fine-tuning job."""
 
-    model: str = Field(default="Qwen/Qwen2.5-1.5B", description="Hugging Face model id or local/S3 path.")
+    model: str = Field(
+        default="Qwen/Qwen2.5-1.5B",
+        description="Hugging Face model id, local path or s3://bucket/prefix (the pods get read access to it).",
+    )
     dataset: str = Field(
         default="yahma/alpaca-cleaned",
-        description="Dataset: hub id, local path, s3:// path, or a .jsonl/.parquet file.",
+        description="Dataset: hub id, local path, s3://bucket/prefix (read access granted), or a .jsonl/.parquet file.",
     )
     dataset_split: str = Field(default="train", description="Dataset split to train on.")
     instruction_field: str = Field(default="instruction", description="Dataset column with the prompt.")
@@ -386,6 +433,18 @@ class JobConfig(_Strict):
             raise ValueError(f"'{value}' is not an MLflow tracking URI; use http(s)://host:port of a tracking "
                              "server, sqlite:///path.db, file:///path or databricks (or null for none)")
         return value
+
+    @field_validator("model", "dataset")
+    @classmethod
+    def _s3_uri(cls, value: str) -> str:
+        parse_s3_uri(value)
+        return value
+
+    @property
+    def s3_sources(self) -> dict[str, S3Location]:
+        """The `s3://` inputs the job reads, by field name (`model`, `dataset`); the pods get read access to each."""
+        found = {name: parse_s3_uri(getattr(self, name)) for name in ("model", "dataset")}
+        return {name: location for name, location in found.items() if location is not None}
 
     def batch_problems(self, world_size: int) -> list[tuple[str, str]]:
         """(field, message) for a batch that does not split across `world_size` ranks, or warm-up that eats
@@ -492,6 +551,9 @@ class ClusterConfig(_Strict):
         if image_version is not None and image_version != self.ray.ray_version:
             add("ray.ray_version", f"{self.ray.ray_version} does not match the image, which ships Ray "
                 f"{image_version}; set ray.ray_version: \"{image_version}\" or change ray.image")
+        elif self.ray.auth == "token" and _version_tuple(self.ray.ray_version) < RAY_TOKEN_AUTH_MIN:
+            add("ray.auth", f"token authentication needs Ray {'.'.join(map(str, RAY_TOKEN_AUTH_MIN))} or later "
+                f"(ray.ray_version is {self.ray.ray_version}); use a newer image or set ray.auth: disabled")
 
         for j, requirement in enumerate(self.ray.extra_pip_packages):
             name = requirement_name(requirement)
@@ -762,6 +824,10 @@ def _image_ray_version(image: str) -> str | None:
         return KNOWN_IMAGES[image]
     match = re.fullmatch(r"(docker\.io/)?rayproject/ray(-ml)?:(\d+\.\d+\.\d+).*", image)
     return match.group(3) if match else None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
 
 def requirement_name(requirement: str) -> str:

@@ -44,7 +44,7 @@ def build(app: cdk.App, config: ClusterConfig, *, nag: bool = False) -> ProjectS
     storage = StorageStack(app, names["storage"], config=config, cluster=cluster.cluster, env=env,
                            description=f"{config.cluster.name}: checkpoint bucket and Ray Pod Identity")
     stacks = ProjectStacks(network=network, cluster=cluster, storage=storage)
-    acknowledge_findings(cluster_stack=cluster, storage=storage)
+    acknowledge_findings(network=network, cluster_stack=cluster, storage=storage)
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stacks

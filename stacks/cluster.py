@@ -14,11 +14,15 @@ from config.k8s import system_node_labels
 from stacks.autoscaler import ClusterAutoscaler
 from stacks.efa_nodegroup import EfaNodeGroup
 from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
+from stacks.launch_template import system_launch_template
 from stacks.versions import kubectl_layer
 
 # The CloudWatch agent's service account, as the amazon-cloudwatch-observability add-on creates it.
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
+# Managed add-on settings. The VPC CNI's network-policy agent is off by default, and without it EKS
+# stores NetworkPolicies (the Ray pods' among them) but enforces none.
+ADDON_CONFIGURATION: dict[str, dict] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 def endpoint_access(config: ClusterConfig) -> eks.EndpointAccess:
@@ -80,20 +84,24 @@ class ClusterStack(cdk.Stack):
 
         # Networking add-ons must exist before any node can turn Ready.
         self.addons: dict[str, eks.Addon] = {
-            name: eks.Addon(self, f"Addon-{name}", cluster=self.cluster, addon_name=name)
+            name: eks.Addon(self, f"Addon-{name}", cluster=self.cluster, addon_name=name,
+                            configuration_values=ADDON_CONFIGURATION.get(name))
             for name in ("vpc-cni", "kube-proxy")
         }
         self.addons["eks-pod-identity-agent"] = self.cluster.eks_pod_identity_agent
 
         system = section.system_nodes
+        system_template = system_launch_template(self, "SystemLaunchTemplate", cluster=self.cluster, config=config)
         self.system_nodegroup = self.cluster.add_nodegroup_capacity(
             "System",
             instance_types=[ec2.InstanceType(system.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            # Its own launch template (not EKS's default one) to pin IMDS and encrypt the root disk.
+            launch_template_spec=eks.LaunchTemplateSpec(id=system_template.ref,
+                                                        version=system_template.attr_latest_version_number),
             min_size=system.nodes,
             desired_size=system.nodes,
             max_size=system.nodes,
-            disk_size=system.disk_gib,
             subnets=private,
             labels=system_node_labels(),
             enable_node_auto_repair=True,

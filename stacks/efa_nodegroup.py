@@ -12,6 +12,7 @@ from constructs import Construct
 from config import ClusterConfig, WorkerGroup
 from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
 from stacks.asg_tags import AsgTags, discovery_tags, node_template_tags
+from stacks.launch_template import metadata_options, name_tag, root_volume
 
 LT = ec2.CfnLaunchTemplate
 
@@ -21,8 +22,6 @@ _CAPACITY = {
     "capacity_block": eks.CapacityType.CAPACITY_BLOCK,
 }
 _MIME_BOUNDARY = "==RAYEFA=="
-# AL2023 EKS AMIs boot from /dev/xvda.
-_ROOT_DEVICE = "/dev/xvda"
 
 
 def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT.NetworkInterfaceProperty]:
@@ -101,17 +100,9 @@ class EfaNodeGroup(Construct):
 
         data: dict = {
             "instance_type": group.instance_type,
-            "block_device_mappings": [LT.BlockDeviceMappingProperty(
-                device_name=_ROOT_DEVICE,
-                ebs=LT.EbsProperty(volume_size=group.disk_gib, volume_type="gp3", encrypted=True,
-                                   delete_on_termination=True),
-            )],
-            # IMDSv2 only. Hop limit 2 because the CloudWatch agent (optional add-on) reads
-            # instance metadata from a pod; workload pods get AWS credentials from Pod Identity.
-            "metadata_options": LT.MetadataOptionsProperty(http_tokens="required", http_put_response_hop_limit=2,
-                                                            http_endpoint="enabled"),
-            "tag_specifications": [LT.TagSpecificationProperty(resource_type="instance", tags=[
-                cdk.CfnTag(key="Name", value=f"{config.cluster.name}-{group.name}")])],
+            "block_device_mappings": [root_volume(group.disk_gib)],
+            "metadata_options": metadata_options(config),
+            "tag_specifications": name_tag(f"{config.cluster.name}-{group.name}"),
         }
         if self.efa_interfaces:
             self.security_group = ec2.SecurityGroup(

@@ -1,7 +1,9 @@
-"""cdk-nag (AwsSolutions) acknowledgments: each scoped to the construct it concerns, each with its reason.
+"""cdk-nag (AwsSolutions) and checkov acknowledgments: each scoped to the resource it concerns, each with
+its reason.
 
 cdk-nag 3 reports one finding per rule and resource (e.g. one per managed policy), and each must be
-acknowledged by its full id; nothing is acknowledged stack-wide.
+acknowledged by its full id; nothing is acknowledged stack-wide. checkov reads `Metadata.checkov.skip`
+on the CloudFormation resource itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from constructs import IConstruct
 
 if TYPE_CHECKING:
     from stacks.cluster import ClusterStack
+    from stacks.network import NetworkStack
     from stacks.storage import StorageStack
 
 _PACK = "AwsSolutions"
@@ -27,6 +30,13 @@ def acknowledge(scope: IConstruct, rule: str, reason: str) -> None:
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=f"{_PACK}::{rule}", reason=reason))
 
 
+def checkov_skip(construct: IConstruct, check: str, reason: str) -> None:
+    """Acknowledge checkov's `check` (e.g. `CKV_AWS_18`) on `construct`'s CloudFormation resource."""
+    resource = construct if isinstance(construct, cdk.CfnResource) else construct.node.default_child
+    skips = (resource.get_metadata("checkov") or {}).get("skip", [])
+    resource.add_metadata("checkov", {"skip": [*skips, {"id": check, "comment": reason}]})
+
+
 def managed_policy(name: str) -> str:
     """The finding id cdk-nag gives an AWS managed policy attached to a role."""
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
@@ -36,7 +46,7 @@ def _logical_id(construct: IConstruct) -> str:
     return cdk.Stack.of(construct).get_logical_id(construct.node.default_child)
 
 
-def acknowledge_findings(*, cluster_stack: ClusterStack, storage: StorageStack) -> None:
+def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack, storage: StorageStack) -> None:
     """Acknowledge the AwsSolutions findings this design accepts, resource by resource."""
     cluster = cluster_stack.cluster
     acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
@@ -55,15 +65,28 @@ def acknowledge_findings(*, cluster_stack: ClusterStack, storage: StorageStack) 
                     "The policy AWS documents for the amazon-cloudwatch-observability add-on's agent; bound to "
                     "that agent's service account only, through Pod Identity.")
 
-    acknowledge(storage.bucket, "AwsSolutions-S1",
-                "Holds only this job's checkpoints and model exports, written by one role; server access logs "
-                "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
+    access_logs = ("Holds only this job's checkpoints and model exports, written by one role; server access logs "
+                   "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
+    acknowledge(storage.bucket, "AwsSolutions-S1", access_logs)
+    checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
+    checkov_skip(network.flow_logs, "CKV_AWS_158",
+                 "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
+                 "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")
     bucket_id = _logical_id(storage.bucket)
     acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::<{bucket_id}.Arn>/{storage.prefix}/*]",
                 "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
                 "shards at run time, so this is the narrowest grant that lets it write them.")
+    for field, location in storage.s3_sources.items():
+        acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{location.bucket}/"
+                    f"{location.key}/*]",
+                    f"Read-only (s3:GetObject) on the objects under job.{field}'s own s3:// prefix; the files there "
+                    "are only known at run time.")
     auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
     if auto_delete is not None:
+        for check in ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117"):
+            checkov_skip(auto_delete.node.find_child("Handler"), check,
+                         "CDK's bucket auto-delete Lambda (removal_policy: destroy); CDK defines it without reserved "
+                         "concurrency, dead-letter queue or VPC, and it runs once, at stack deletion.")
         acknowledge(auto_delete, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
                     "AWSLambdaBasicExecutionRole]",
                     "CDK's bucket auto-delete provider (removal_policy: destroy) logs through the basic Lambda "
@@ -121,6 +144,11 @@ def _acknowledge_kubectl_provider(cluster_stack: ClusterStack) -> None:
     acknowledge(provider, f"AwsSolutions-IAM4[Policy::{json.dumps(ecr_public, separators=(',', ':'))}]", reason)
     acknowledge(provider, f"AwsSolutions-IAM5[Resource::<{_logical_id(handler)}.Arn>:*]",
                 "CDK's custom-resource framework invokes any version of the kubectl handler it created.")
+    for function in (handler, provider.node.find_child("Provider").node.find_child("framework-onEvent")):
+        for check, what in (("CKV_AWS_115", "a reserved concurrency"), ("CKV_AWS_116", "a dead-letter queue"),
+                            ("CKV_AWS_173", "a customer-managed key for its environment")):
+            checkov_skip(function, check, f"CDK's kubectl provider Lambda (aws_eks_v2); CDK defines it without "
+                         f"{what}; it runs only during deployments, where a failure fails the stack update.")
     acknowledge(handler, "AwsSolutions-L1",
                 "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
                 "layer pins the tools; bumping aws-cdk-lib moves it forward.")

@@ -39,12 +39,11 @@ class NetworkStack(cdk.Stack):
         self.vpc.add_gateway_endpoint("S3Endpoint", service=ec2.GatewayVpcEndpointAwsService.S3)
         # Rejected flows only: cheap, and the first place to look when EFA traffic is blocked by a
         # security group.
+        self.flow_logs = logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH,
+                                       removal_policy=cdk.RemovalPolicy.DESTROY)
         self.vpc.add_flow_log(
             "RejectedFlows",
             traffic_type=ec2.FlowLogTrafficType.REJECT,
-            destination=ec2.FlowLogDestination.to_cloud_watch_logs(
-                logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH,
-                              removal_policy=cdk.RemovalPolicy.DESTROY)
-            ),
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_logs),
         )
         cdk.CfnOutput(self, "VpcId", value=self.vpc.vpc_id, description="VPC of the cluster.")

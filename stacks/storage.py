@@ -9,10 +9,41 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from config import ClusterConfig
+from config.model import S3Location
+
+
+def pod_identity_principal(cluster: eks.ICluster, *, namespace: str, service_account: str) -> iam.IPrincipal:
+    """EKS Pod Identity, for one service account of one cluster of this account only.
+
+    Pod Identity assumes the role with session tags naming the cluster, namespace and service
+    account (EKS user guide: pod-id-role, pod-id-abac); without conditions on them any Pod Identity
+    association in the account could hand this role to any pod. SessionTagsPrincipal adds
+    sts:TagSession, which those tags need.
+    """
+    conditions = {"StringEquals": {
+        "aws:SourceAccount": cdk.Aws.ACCOUNT_ID,
+        "aws:RequestTag/eks-cluster-arn": cluster.cluster_arn,
+        "aws:RequestTag/kubernetes-namespace": namespace,
+        "aws:RequestTag/kubernetes-service-account": service_account,
+    }}
+    return iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com").with_conditions(conditions))
+
+
+def read_statements(field: str, location: S3Location) -> list[iam.PolicyStatement]:
+    """Read-only access to exactly `location` (the object itself, or the objects under it as a prefix)."""
+    bucket = f"arn:{cdk.Aws.PARTITION}:s3:::{location.bucket}"
+    name = field.capitalize()
+    return [
+        iam.PolicyStatement(sid=f"ReadJob{name}", actions=["s3:GetObject"],
+                            resources=[f"{bucket}/{location.key}", f"{bucket}/{location.key}/*"]),
+        iam.PolicyStatement(sid=f"ListJob{name}", actions=["s3:ListBucket"], resources=[bucket],
+                            conditions={"StringLike": {"s3:prefix": [location.key, f"{location.key}/*"]}}),
+    ]
 
 
 class StorageStack(cdk.Stack):
-    """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`."""
+    """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`, plus
+    read-only access to the job's `s3://` model and dataset (`s3_sources`), each exactly its prefix."""
 
     def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, cluster: eks.ICluster, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
@@ -43,8 +74,8 @@ class StorageStack(cdk.Stack):
         self.role = iam.Role(
             self,
             "RayPodRole",
-            # Pod Identity assumes with session tags; SessionTagsPrincipal adds sts:TagSession.
-            assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            assumed_by=pod_identity_principal(cluster, namespace=config.ray.namespace,
+                                              service_account=config.ray.service_account),
             description=f"Ray pods in {config.ray.namespace}/{config.ray.service_account}: "
                         f"s3://<bucket>/{storage.prefix}/ only",
         )
@@ -66,6 +97,11 @@ class StorageStack(cdk.Stack):
             conditions={"StringLikeIfExists": {"s3:prefix": [storage.prefix, f"{storage.prefix}/*"]}}))
         self.role.add_to_policy(iam.PolicyStatement(
             sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
+
+        self.s3_sources = config.job.s3_sources
+        for field, location in self.s3_sources.items():
+            for statement in read_statements(field, location):
+                self.role.add_to_policy(statement)
 
         # The service account itself is created by the cdk8s chart with the same name; the
         # association binds whatever pod runs as it, so the two deploy in either order.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from constructs import Construct
 
+from config.k8s import KUBERAY_NAMESPACE
 from config.model import kubectl_layer_module
 
 
@@ -52,7 +53,6 @@ EFA_DEVICE_PLUGIN = ChartPin(
 # 1.7.0 could not be confirmed there; the CRDs the charts are validated against are KubeRay's v1.7.0 release.
 KUBERAY_CHART = "kuberay-operator"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
-KUBERAY_NAMESPACE = "kuberay-system"
 
 
 # Cluster Autoscaler releases track Kubernetes minors (CA 1.34.x for EKS 1.34). Seen in kubernetes/autoscaler

@@ -35,7 +35,8 @@ PUBLIC_CIDRS = ["203.0.113.0/24", "198.51.100.7/32"]
 
 # A variant that flips every switch the default leaves off: a narrowed endpoint, admin access entry,
 # CloudWatch add-on, spot capacity scaling 0..4, two worker groups, two NAT gateways over three AZs,
-# a bucket destroyed with the stack, and the Cluster Autoscaler off (fixed groups).
+# a bucket destroyed with the stack, a model and dataset read from S3, and the Cluster Autoscaler off
+# (fixed groups).
 ALT = {
     "autoscaling": {"enabled": False},
     "network": {"nat_gateways": 2, "max_azs": 3},
@@ -50,7 +51,8 @@ ALT = {
         ],
     },
     "storage": {"removal_policy": "destroy"},
-    "job": {"global_batch_size": 48},
+    "job": {"global_batch_size": 48, "model": "s3://my-models/qwen/Qwen2.5-1.5B",
+            "dataset": "s3://my-data/alpaca/train.jsonl"},
 }
 
 VARIANTS = ("default", "p5", "socket", "alt")

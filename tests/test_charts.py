@@ -330,8 +330,19 @@ def test_ray_train_polls_workers_every_second(default, two_groups):
 # ---- 3. RayJob ------------------------------------------------------------------------------------
 
 
+def _without_owner(spec: dict) -> dict:
+    spec = copy.deepcopy(spec)
+    for template in _pod_templates(spec):
+        template["metadata"]["labels"].pop(ray.OWNER_LABEL)
+    return spec
+
+
 def test_rayjob_uses_the_same_cluster_spec(any_synth):
-    assert any_synth.one("RayJob")["spec"]["rayClusterSpec"] == any_synth.cluster_spec
+    # Identical but for the label naming the object the pods belong to (their NetworkPolicy selects by it).
+    job_spec = any_synth.one("RayJob")["spec"]["rayClusterSpec"]
+    assert _without_owner(job_spec) == _without_owner(any_synth.cluster_spec)
+    assert {t["metadata"]["labels"][ray.OWNER_LABEL] for t in _pod_templates(job_spec)} == {
+        ray.job_name(any_synth.config)}
 
 
 def test_rayjob_lifecycle_from_the_job_section(default):
@@ -431,7 +442,7 @@ def test_prepull_is_optional(two_groups):
 def test_every_object_validates(any_synth):
     assert validation.problems(any_synth.all, any_synth.config.cluster.kubernetes_version) == []
     kinds = {o["kind"] for o in any_synth.all}
-    assert {"Namespace", "ServiceAccount", "ConfigMap", "RayCluster", "RayJob"} <= kinds
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "RayCluster", "RayJob", "NetworkPolicy"} <= kinds
 
 
 def test_misspelt_fields_are_reported(default):

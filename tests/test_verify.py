@@ -6,11 +6,14 @@ import socket
 
 import pytest
 from kubernetes.client import (
+    V1Container,
     V1DaemonSet,
     V1DaemonSetStatus,
     V1Deployment,
     V1DeploymentSpec,
     V1DeploymentStatus,
+    V1EnvVar,
+    V1EnvVarSource,
     V1LabelSelector,
     V1Node,
     V1NodeCondition,
@@ -18,7 +21,9 @@ from kubernetes.client import (
     V1ObjectMeta,
     V1Pod,
     V1PodCondition,
+    V1PodSpec,
     V1PodStatus,
+    V1SecretKeySelector,
 )
 
 from config.k8s import system_node_labels, worker_node_labels
@@ -55,8 +60,17 @@ def deployment(name, namespace="kuberay-operator", *, replicas=1, ready=1):
                         status=V1DeploymentStatus(ready_replicas=ready))
 
 
-def ray_pod(name, kind, *, ready=True, cluster="finetune-raycluster-x7k"):
+def token_env(cluster="finetune-raycluster-x7k"):
+    """The environment KubeRay adds to every Ray container for `authOptions.mode: token`."""
+    return [V1EnvVar(name="RAY_AUTH_MODE", value="token"),
+            V1EnvVar(name="RAY_AUTH_TOKEN", value_from=V1EnvVarSource(
+                secret_key_ref=V1SecretKeySelector(name=cluster, key="auth_token")))]
+
+
+def ray_pod(name, kind, *, ready=True, cluster="finetune-raycluster-x7k", env=None):
+    container = V1Container(name=f"ray-{kind}", env=token_env(cluster) if env is None else env)
     return V1Pod(metadata=V1ObjectMeta(name=name, labels={"ray.io/node-type": kind, "ray.io/cluster": cluster}),
+                 spec=V1PodSpec(containers=[container]),
                  status=V1PodStatus(phase="Running" if ready else "Pending",
                                     conditions=[V1PodCondition(type="Ready", status="True" if ready else "False")]))
 
@@ -311,3 +325,30 @@ def test_marker_from_latest_submitter_and_missing():
     assert verify.submitter_marker(core, "ray", "finetune") == MARKER_OK
     assert verify.submitter_marker(FakeCore({"finetune-1": nccl_flood(10)}), "ray", "finetune") == ""
     assert verify.submitter_marker(FakeCore({}), "ray", "finetune") is None
+
+
+def test_head_with_the_injected_token_passes(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **healthy(config))
+    (row,) = [r for r in rows if r.name == "token auth"]
+    assert row.status == "PASS" and "Secret finetune-raycluster-x7k (key auth_token)" in row.detail
+
+
+def test_head_without_token_auth_fails_when_the_file_asks_for_it(tmp_path):
+    config = load_variant(tmp_path)
+    snapshot = healthy(config)
+    snapshot["pods"][0] = ray_pod("finetune-head-abcde", "head", env=[])
+    rows = verify.evaluate(config, **snapshot)
+    assert statuses(rows)[("ray", "token auth")] == "FAIL"
+    assert verify.failed(rows)
+    assert "authOptions" in verify.render(rows)
+
+
+def test_disabled_auth_warns(tmp_path):
+    config = load_variant(tmp_path, {"ray": {"auth": "disabled"}})
+    snapshot = healthy(config)
+    snapshot["pods"] = [ray_pod(p.metadata.name, p.metadata.labels["ray.io/node-type"], env=[])
+                        for p in snapshot["pods"]]
+    rows = verify.evaluate(config, **snapshot)
+    assert statuses(rows)[("ray", "token auth")] == "WARN"
+    assert not verify.failed(rows)

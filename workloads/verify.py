@@ -12,6 +12,8 @@ server; `gather()` is the only code that talks to the cluster (current kubeconfi
   EFA) and the KubeRay operator Deployment (name contains `kuberay-operator`), in any namespace,
   exist with more than zero desired pods, all ready;
 * the Ray head and all worker pods (labels `ray.io/node-type`) in `ray.namespace` are ready;
+* with `ray.auth: token`, the head container has RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from a Secret
+  (what KubeRay injects for `authOptions`); with `ray.auth: disabled`, a warning;
 * the latest RayJob's preflight result: the last `PREFLIGHT_RESULT {...}` line in its submitter's
   logs (SidecarMode: the `ray-job-submitter` container of the job cluster's head pod, gone once the
   cluster is deleted `job.ttl_hours` after the job), streamed whole (training's NCCL INFO output
@@ -32,10 +34,10 @@ from dataclasses import dataclass
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
 from config.k8s import EFA_RESOURCE as EFA
 from config.k8s import GPU_RESOURCE as GPU
+from config.k8s import RAY_CLUSTER_LABEL as CLUSTER_LABEL
+from config.k8s import RAY_NODE_TYPE_LABEL as NODE_TYPE_LABEL
 from workloads.preflight.report import MARKER, table
 
-NODE_TYPE_LABEL = "ray.io/node-type"
-CLUSTER_LABEL = "ray.io/cluster"
 SUBMITTER_CONTAINER = "ray-job-submitter"
 """The submitter container KubeRay adds to the head pod of a RayJob in SidecarMode."""
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
@@ -195,12 +197,43 @@ def _terminal(rayjob: dict | None) -> bool:
         "SUCCEEDED", "FAILED", "STOPPED")
 
 
-def check_ray_pods(pods: list, config, rayjob: dict | None = None) -> list[Row]:
-    """The Ray head and the expected number of worker pods are ready (the latest RayJob's cluster if known)."""
+def _cluster_pods(pods: list, rayjob: dict | None) -> list:
+    """Ray head and worker pods, those of the latest RayJob's cluster where it has any."""
     cluster = ((rayjob or {}).get("status") or {}).get("rayClusterName")
     ray_pods = [p for p in pods if (p.metadata.labels or {}).get(NODE_TYPE_LABEL) in ("head", "worker")]
     if cluster:
         ray_pods = [p for p in ray_pods if (p.metadata.labels or {}).get(CLUSTER_LABEL) == cluster] or ray_pods
+    return ray_pods
+
+
+def check_ray_auth(pods: list, config, rayjob: dict | None = None) -> Row:
+    """The head runs with Ray token authentication, its token read from a Secret (what KubeRay injects)."""
+    name = "token auth"
+    if config.ray.auth == "disabled":
+        return Row(section="ray", name=name, status="WARN",
+                   detail="ray.auth is disabled: any pod that reaches the head's Service can run code as the Ray pods")
+    heads = [p for p in _cluster_pods(pods, rayjob) if p.metadata.labels[NODE_TYPE_LABEL] == "head"]
+    if not heads:
+        return Row(section="ray", name=name, status="SKIP", detail="no Ray head pod to inspect")
+    head = heads[0]
+    containers = (head.spec.containers or []) if head.spec else []
+    env = {e.name: e for c in containers[:1] for e in (c.env or [])}  # the Ray container is the first
+    mode = getattr(env.get("RAY_AUTH_MODE"), "value", None)
+    source = getattr(getattr(env.get("RAY_AUTH_TOKEN"), "value_from", None), "secret_key_ref", None)
+    if mode == "token" and source is not None:
+        return Row(section="ray", name=name, status="PASS",
+                   detail=f"{head.metadata.name}: RAY_AUTH_MODE=token, token from Secret {source.name} "
+                          f"(key {source.key})")
+    return Row(section="ray", name=name, status="FAIL",
+               detail=f"{head.metadata.name}: RAY_AUTH_MODE={mode or 'unset'}, RAY_AUTH_TOKEN "
+                      f"{'from a Secret' if source is not None else 'not from a Secret'}",
+               fix="the operator injects both for spec.authOptions.mode: token; re-apply dist/ (ray.auth: token) "
+                   "and check the operator is KubeRay 1.5.1 or later (ray.kuberay_version)")
+
+
+def check_ray_pods(pods: list, config, rayjob: dict | None = None) -> list[Row]:
+    """The Ray head and the expected number of worker pods are ready (the latest RayJob's cluster if known)."""
+    ray_pods = _cluster_pods(pods, rayjob)
     heads = [p for p in ray_pods if p.metadata.labels[NODE_TYPE_LABEL] == "head"]
     workers = [p for p in ray_pods if p.metadata.labels[NODE_TYPE_LABEL] == "worker"]
     want = sum(config.pods(g) for g in config.cluster.worker_groups)
@@ -350,7 +383,8 @@ def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: 
     job = latest_rayjob(rayjobs)
     gpu_nodes = sum(1 for n in nodes if (n.metadata.labels or {}).get(ROLE_LABEL) == "gpu")
     return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config, gpu_nodes=gpu_nodes)
-            + check_ray_pods(pods, config, job) + [check_preflight(job, job_logs, config)])
+            + check_ray_pods(pods, config, job)
+            + [check_ray_auth(pods, config, job), check_preflight(job, job_logs, config)])
 
 
 def failed(rows: list[Row]) -> bool:

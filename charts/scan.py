@@ -1,0 +1,71 @@
+"""The Ray pods as plain Pods, for `make checkov`.
+
+checkov reads Kubernetes kinds it knows (Pod, DaemonSet, ...) and passes over custom resources, so the
+head and worker pods inside a RayCluster or RayJob would go unscanned. `python -m charts.scan DIST OUT`
+copies the manifests in DIST to OUT and writes beside them each Ray pod template as the Pod the KubeRay
+operator makes from it (name, namespace, the template's labels and annotations plus the operator's
+`ray.io/cluster` and `ray.io/node-type`), so checkov checks them, their inline skips included, and sees
+that the NetworkPolicy selects them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from config.k8s import RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
+
+
+def _templates(obj: dict) -> list[tuple[str, str, dict]]:
+    """(node type, group, pod template) of every pod a Ray object makes."""
+    spec = obj["spec"]["rayClusterSpec"] if obj["kind"] == "RayJob" else obj["spec"]
+    found = [("head", "head", spec["headGroupSpec"]["template"])]
+    return found + [("worker", g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]]
+
+
+def ray_pods(objects: list[dict]) -> list[dict]:
+    """The Pods KubeRay creates from the RayClusters and RayJobs in `objects` (one per group)."""
+    pods = []
+    for obj in objects:
+        if obj.get("kind") not in ("RayCluster", "RayJob"):
+            continue
+        owner = obj["metadata"]["name"]
+        for node_type, group, template in _templates(obj):
+            metadata = template.get("metadata") or {}
+            labels = {**metadata.get("labels", {}), RAY_CLUSTER_LABEL: owner, RAY_NODE_TYPE_LABEL: node_type}
+            pods.append({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": f"{owner}-{group}", "namespace": obj["metadata"]["namespace"],
+                                      "labels": labels, "annotations": metadata.get("annotations", {})},
+                         "spec": template["spec"]})
+    return pods
+
+
+def main(argv: list[str]) -> int:
+    """`python -m charts.scan DIST OUT`: copy DIST's manifests to OUT and add OUT/ray-pods.k8s.yaml.
+
+    One folder, so checkov's graph checks see the NetworkPolicies and the pods they select together.
+    """
+    if len(argv) != 2:
+        print("usage: python -m charts.scan DIST OUT", file=sys.stderr)
+        return 2
+    dist, out = Path(argv[0]), Path(argv[1])
+    objects = [o for f in sorted(dist.glob("*.k8s.yaml")) for o in yaml.safe_load_all(f.read_text()) if o]
+    if not objects:
+        print(f"{dist}: no manifests; run `make synth-k8s` first", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.k8s.yaml"):
+        old.unlink()
+    for manifest in dist.glob("*.k8s.yaml"):
+        shutil.copyfile(manifest, out / manifest.name)
+    pods = ray_pods(objects)
+    (out / "ray-pods.k8s.yaml").write_text(yaml.safe_dump_all(pods, sort_keys=False))
+    print(f"{out}: the manifests of {dist} and {len(pods)} Ray pods")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
