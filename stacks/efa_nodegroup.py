@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -12,7 +10,7 @@ from constructs import Construct
 from config import ClusterConfig, WorkerGroup
 from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
 from stacks.asg_tags import AsgTags, discovery_tags, node_template_tags
-from stacks.launch_template import metadata_options, name_tag, root_volume
+from stacks.launch_template import metadata_options, name_tag, node_user_data, root_volume
 
 LT = ec2.CfnLaunchTemplate
 
@@ -21,7 +19,6 @@ _CAPACITY = {
     "spot": eks.CapacityType.SPOT,
     "capacity_block": eks.CapacityType.CAPACITY_BLOCK,
 }
-_MIME_BOUNDARY = "==RAYEFA=="
 
 
 def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT.NetworkInterfaceProperty]:
@@ -46,39 +43,6 @@ def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT
         return [interface(0, 0, "efa")]
     return [interface(0, 0, "interface"), interface(0, 1, "efa-only"),
             *(interface(card, 0, "efa-only") for card in range(1, count))]
-
-
-def node_user_data(*, nvme: bool, hugepages: int) -> str:
-    """MIME multi-part user data for AL2023 nodeadm, merged by EKS with its own bootstrap part.
-
-    Always nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI): containerd pulls
-    through the SOCI snapshotter in parallel mode, an image's layers downloading over several
-    connections and unpacking concurrently instead of one after another. It is not lazy loading
-    (a container still starts only once its whole image is pulled; no SOCI index is needed), and
-    nodeadm ignores it on instances below its CPU/memory threshold.
-    `nvme`: put containerd and kubelet on the instance-store NVMe as RAID0 (the DLC image is many
-    GB; pulling it onto NVMe is faster and keeps it off the root volume). `hugepages`: 2 MiB pages
-    to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`.
-    """
-    node_config = ("---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n"
-                   "  featureGates:\n    FastImagePull: true\n")
-    if nvme:
-        node_config += "  instance:\n    localStorage:\n      strategy: RAID0\n"
-    parts = [("application/node.eks.aws", node_config)]
-    if hugepages:
-        # libfabric's EFA provider registers its bounce buffers in huge pages; kubelet only
-        # reports pages that exist when it starts, and nodeadm starts it after this script.
-        parts.append(("text/x-shellscript; charset=\"us-ascii\"", textwrap.dedent(f"""\
-            #!/bin/bash
-            set -euo pipefail
-            echo "vm.nr_hugepages = {hugepages}" > /etc/sysctl.d/90-efa-hugepages.conf
-            sysctl -w vm.nr_hugepages={hugepages}
-            """)))
-    body = [f"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{_MIME_BOUNDARY}\"\n"]
-    for content_type, text in parts:
-        body.append(f"--{_MIME_BOUNDARY}\nContent-Type: {content_type}\n\n{text}")
-    body.append(f"--{_MIME_BOUNDARY}--\n")
-    return "\n".join(body)
 
 
 class EfaNodeGroup(Construct):

@@ -3,6 +3,8 @@ and the system node group's own launch template."""
 
 from __future__ import annotations
 
+import textwrap
+
 import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -14,6 +16,7 @@ LT = ec2.CfnLaunchTemplate
 
 # AL2023 EKS AMIs boot from /dev/xvda.
 ROOT_DEVICE = "/dev/xvda"
+_MIME_BOUNDARY = "==RAYEFA=="
 # A pod's packets to IMDS cross one more hop (the pod's veth) than the node's own: with a limit of
 # 1 the answer never reaches a pod, so no pod can read the node role's credentials. The CloudWatch
 # agent (optional add-on) reads instance metadata from a pod and needs 2.
@@ -44,8 +47,41 @@ def name_tag(name: str) -> list[LT.TagSpecificationProperty]:
     return [LT.TagSpecificationProperty(resource_type="instance", tags=[cdk.CfnTag(key="Name", value=name)])]
 
 
+def node_user_data(*, nvme: bool, hugepages: int) -> str:
+    """MIME multi-part user data for AL2023 nodeadm, merged by EKS with its own bootstrap part.
+
+    Always nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI): containerd pulls
+    through the SOCI snapshotter in parallel mode, an image's layers downloading over several
+    connections and unpacking concurrently instead of one after another. It is not lazy loading
+    (a container still starts only once its whole image is pulled; no SOCI index is needed), and
+    nodeadm ignores it on instances below its CPU/memory threshold.
+    `nvme`: put containerd and kubelet on the instance-store NVMe as RAID0 (the DLC image is many
+    GB; pulling it onto NVMe is faster and keeps it off the root volume). `hugepages`: 2 MiB pages
+    to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`.
+    """
+    node_config = ("---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n"
+                   "  featureGates:\n    FastImagePull: true\n")
+    if nvme:
+        node_config += "  instance:\n    localStorage:\n      strategy: RAID0\n"
+    parts = [("application/node.eks.aws", node_config)]
+    if hugepages:
+        # libfabric's EFA provider registers its bounce buffers in huge pages; kubelet only
+        # reports pages that exist when it starts, and nodeadm starts it after this script.
+        parts.append(("text/x-shellscript; charset=\"us-ascii\"", textwrap.dedent(f"""\
+            #!/bin/bash
+            set -euo pipefail
+            echo "vm.nr_hugepages = {hugepages}" > /etc/sysctl.d/90-efa-hugepages.conf
+            sysctl -w vm.nr_hugepages={hugepages}
+            """)))
+    body = [f"MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"{_MIME_BOUNDARY}\"\n"]
+    for content_type, text in parts:
+        body.append(f"--{_MIME_BOUNDARY}\nContent-Type: {content_type}\n\n{text}")
+    body.append(f"--{_MIME_BOUNDARY}--\n")
+    return "\n".join(body)
+
+
 def system_launch_template(scope: Construct, id: str, *, cluster: eks.Cluster, config: ClusterConfig) -> LT:
-    """The system node group's launch template: IMDSv2 and hop limit, encrypted root disk, cluster SG.
+    """The system node group's launch template: IMDSv2 and hop limit, encrypted root disk, cluster SG, FastImagePull.
 
     With a launch template EKS no longer adds the cluster security group itself, and the disk size
     cannot be given on the node group: both are here.
@@ -56,4 +92,6 @@ def system_launch_template(scope: Construct, id: str, *, cluster: eks.Cluster, c
         metadata_options=metadata_options(config),
         security_group_ids=[cluster.cluster_security_group_id],
         tag_specifications=name_tag(f"{config.cluster.name}-system"),
+        # The Ray head (and the RayJob's submitter sidecar) pull the multi-GB image here too.
+        user_data=cdk.Fn.base64(node_user_data(nvme=False, hugepages=0)),
     ))

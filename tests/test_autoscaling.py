@@ -193,6 +193,15 @@ def test_gpu_nodes_turn_on_nodeadms_fast_image_pull():
     assert re.search(r"kind: NodeConfig\nspec:\n  featureGates:\n    FastImagePull: true\n", text)
 
 
+def test_system_nodes_turn_on_fast_image_pull_without_gpu_settings():
+    # The head and its submitter sidecar pull the same multi-GB image on the system nodes.
+    (lt,) = [r["Properties"]["LaunchTemplateData"] for r in cluster_resources("default", "AWS::EC2::LaunchTemplate")
+             .values() if "InstanceType" not in r["Properties"]["LaunchTemplateData"]]
+    text = lt["UserData"]["Fn::Base64"]
+    assert "FastImagePull: true" in text
+    assert "nr_hugepages" not in text and "localStorage" not in text
+
+
 # ---- multi-card EFA --------------------------------------------------------------------------------
 
 def _interfaces(data: dict) -> list[tuple[int, int, str]]:
