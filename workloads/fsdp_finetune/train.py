@@ -105,9 +105,13 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     int `tokens` this rank processed.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
+    # Every micro-batch goes to the device first and the labels are counted there: counting on the
+    # host and copying the scalar over would be a blocking host-to-device copy at each step's start.
+    micro_batches = [{"input_ids": mb["input_ids"].to(device, non_blocking=True),
+                      "labels": mb["labels"].to(device, non_blocking=True)} for mb in micro_batches]
     label_tokens = torch.zeros((), dtype=torch.int64, device=device)
     for mb in micro_batches:
-        label_tokens += (mb["labels"][:, 1:] != IGNORE_INDEX).sum().to(device)
+        label_tokens += (mb["labels"][:, 1:] != IGNORE_INDEX).sum()
     if dist.is_initialized():
         dist.all_reduce(label_tokens)
     scale = world / label_tokens.clamp(min=1).to(torch.float32)
@@ -119,10 +123,15 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     # quarter of an L4), while reducing every time keeps only this rank's 1/world shard, into which
     # FSDP2 accumulates. Reduction is linear, so the sum of reduced micro-batch gradients is the
     # reduced sum: the step is the same up to float rounding, for one extra reduce-scatter per
-    # micro-batch that overlaps the backward pass.
-    for mb in micro_batches:
-        input_ids = mb["input_ids"].to(device, non_blocking=True)
-        labels = mb["labels"].to(device, non_blocking=True)
+    # micro-batch that overlaps the backward pass. Under hybrid sharding that reduce-scatter stays in
+    # the node; the all-reduce across nodes (the replicate dimension) runs only on the window's last
+    # micro-batch, on the sum FSDP2 has accumulated in each rank's gradient shard
+    # (`set_requires_all_reduce`; a no-op under full sharding, which has no replicate dimension).
+    hybrid = hasattr(model, "set_requires_all_reduce")
+    for i, mb in enumerate(micro_batches):
+        input_ids, labels = mb["input_ids"], mb["labels"]
+        if hybrid:
+            model.set_requires_all_reduce(i == len(micro_batches) - 1)
         token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens)
         (token_loss * scale).backward()
         summed_loss += token_loss.detach()
