@@ -7,7 +7,8 @@ issues (FSDP2's all-gathers and reduce-scatters, the hybrid all-reduce, the step
 all-reduces), and classes each by whether its process group spans the two simulated nodes.
 Bytes are what one rank sends under a ring algorithm: (g-1)/g of the full tensor for all-gather
 and reduce-scatter, twice that for all-reduce. The analytic count (`topology.cross_node_bytes_per_step`,
-which leaves out the scalar all-reduces) is printed next to it.
+which leaves out the scalar all-reduces) is printed next to it. A third, one-step run measures
+what re-gathering the root unit in backward (`root_reshard_after_forward=True`, the old setting) costs.
 
     python bench/comm_volume.py [--steps 3] [--accum 2]
 
@@ -30,6 +31,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 WORLD, RANKS_PER_NODE = 4, 2
 SHARDINGS = ("full", "hybrid")
+# Review finding: the root unit resharded after forward (as before) re-gathers the embedding/LM head
+# at the start of backward; measured once, under full sharding.
+ROOT_RESHARDED = "full_root_resharded"
 
 
 def run(root: Path, *, steps: int, accum: int, seq: int = 64) -> dict:
@@ -40,9 +44,10 @@ def run(root: Path, *, steps: int, accum: int, seq: int = 64) -> dict:
     assets = prepare_local_assets(root / "assets")
     spec = {"model_dir": str(assets.model_dir), "ranks_per_node": RANKS_PER_NODE, "global_rows": WORLD * accum,
             "seq": seq, "accum": accum, "seed": 3, "lr": 1e-3, "out_dir": str(root / "out"),
-            "phases": [{"name": s, "sharding": s, "steps": steps} for s in SHARDINGS]}
+            "phases": [{"name": s, "sharding": s, "steps": steps} for s in SHARDINGS]
+            + [{"name": ROOT_RESHARDED, "sharding": "full", "steps": 1, "root_reshard": True}]}
     launch(spec, world=WORLD)
-    return {s: read(root / "out", s) for s in SHARDINGS}
+    return {s: read(root / "out", s) for s in (*SHARDINGS, ROOT_RESHARDED)}
 
 
 def analytic(report: dict, *, accum: int) -> int:
@@ -66,6 +71,8 @@ def summarize(reports: dict, *, accum: int) -> dict:
         "param_max_abs_diff": max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]),
         "intra_node_bytes_per_step": {s: per_step[s]["intra_node_bytes"] for s in SHARDINGS},
         "analytic_cross_node_bytes_per_step": {s: analytic(reports[s], accum=accum) for s in SHARDINGS},
+        "root_reshard_extra_cross_node_bytes_per_step": (reports[ROOT_RESHARDED]["per_step"][-1]["cross_node_bytes"]
+                                                         - full),
         "grad_accumulation": accum,
         "world": WORLD,
         "ranks_per_node": RANKS_PER_NODE,
@@ -92,6 +99,8 @@ def main() -> None:
         print(f"{sharding:8} cross-node {result['cross_node_bytes_per_step'][sharding]:>10d} B/step "
               f"(analytic, without scalars: {result['analytic_cross_node_bytes_per_step'][sharding]:d}), "
               f"intra-node {result['intra_node_bytes_per_step'][sharding]:d} B/step")
+    print(f"root unit resharded after forward (before the review fix): +"
+          f"{result['root_reshard_extra_cross_node_bytes_per_step']} cross-node B/step under full sharding")
     print(f"ratio hybrid/full {result['ratio']:.4f} (target <= 0.25); loss max |diff| "
           f"{result['loss_max_abs_diff']:.3g}, parameter max |diff| {result['param_max_abs_diff']:.3g}")
     print(json.dumps(result))
