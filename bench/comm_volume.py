@@ -67,7 +67,7 @@ def summarize(reports: dict, *, accum: int) -> dict:
     return {
         "cross_node_bytes_per_step": {"full": full, "hybrid": hybrid},
         "ratio": round(hybrid / full, 4),
-        "loss_max_abs_diff": max(abs(a - b) for a, b in zip(*losses)),
+        "loss_max_abs_diff": max(abs(a - b) for a, b in zip(*losses, strict=True)),
         "param_max_abs_diff": max(float((states[0][k] - states[1][k]).abs().max()) for k in states[0]),
         "intra_node_bytes_per_step": {s: per_step[s]["intra_node_bytes"] for s in SHARDINGS},
         "analytic_cross_node_bytes_per_step": {s: analytic(reports[s], accum=accum) for s in SHARDINGS},

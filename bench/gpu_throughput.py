@@ -190,7 +190,8 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny model (GPU if present, else CPU), both sides: checks the script, not the target")
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny model (GPU if present, else CPU), both sides: checks the script, not the target")
     parser.add_argument("--seq-len", type=int, default=None, help="default 2048 (64 with --tiny)")
     parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch; default 8 "
                         "(2 with --tiny)")

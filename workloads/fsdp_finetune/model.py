@@ -169,8 +169,8 @@ def shard_model(
     in torchtitan): its last use in forward is the LM head and its first in backward is the LM
     head again, so resharding would only re-gather the 233M-parameter embedding at the start of
     backward, where no compute overlaps it (0.47 GB held in bf16 for 1.5B);
-    `root_reshard_after_forward=True` restores the old behaviour (bench/comm_volume.py measures it). The root also gets the
-    chunked loss method (`loss.install_fsdp_loss`), compiled with the layers under `compile`.
+    `root_reshard_after_forward=True` restores the old behaviour (bench/comm_volume.py measures it).
+    The root also gets the chunked loss method (`loss.install_fsdp_loss`), compiled with the layers under `compile`.
     Returns the model, sharded in place, in train mode.
     """
     from torch.distributed.fsdp import fully_shard
