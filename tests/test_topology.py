@@ -149,28 +149,32 @@ def test_data_position_rescales_to_the_same_consumed_prefix():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Rank 0's reports of: full (3 steps, checkpoint after 2), hybrid (3 steps), hybrid resumed from
-    the full checkpoint (step 3), all on 4 ranks as 2 nodes x 2; and full resumed on 2 ranks."""
+    """Rank 0's reports of: full and hybrid (3 steps each, checkpoint after 2; with AdamW and with SGD),
+    step 3 resumed from the full checkpoint under hybrid and from the hybrid one under full, all on 4
+    ranks as 2 nodes x 2; and step 3 resumed from the full checkpoint by 2 ranks."""
     from bench.harness.mesh_steps import launch, read
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
     root = tmp_path_factory.mktemp("mesh")
     assets = prepare_local_assets(root / "assets")
-    ckpt = str(root / "ckpt")
+    ckpt, hybrid_ckpt = str(root / "ckpt"), str(root / "hybrid_ckpt")
     base = {"model_dir": str(assets.model_dir), "global_rows": 8, "seq": 32, "seed": 5, "lr": 1e-3}
     launch({**base, "ranks_per_node": 2, "accum": 2, "out_dir": str(root / "four"), "phases": [
         {"name": "full", "sharding": "full", "steps": 3, "save_dir": ckpt, "save_after": 2,
          "known_collective": True},
-        {"name": "hybrid", "sharding": "hybrid", "steps": 3, "known_collective": True},
+        {"name": "hybrid", "sharding": "hybrid", "steps": 3, "known_collective": True, "save_dir": hybrid_ckpt,
+         "save_after": 2},
         {"name": "full_sgd", "sharding": "full", "steps": 3, "optimizer": "sgd"},
         {"name": "hybrid_sgd", "sharding": "hybrid", "steps": 3, "optimizer": "sgd"},
         {"name": "hybrid_resumed", "sharding": "hybrid", "steps": 1, "start_step": 2, "load_dir": ckpt},
+        {"name": "full_from_hybrid", "sharding": "full", "steps": 1, "start_step": 2, "load_dir": hybrid_ckpt},
     ]}, world=4)
     # Two ranks on one node (full sharding), 4 micro-batches each: the same global batch.
     launch({**base, "ranks_per_node": 2, "accum": 4, "out_dir": str(root / "two"), "phases": [
         {"name": "full_resumed", "sharding": "full", "steps": 1, "start_step": 2, "load_dir": ckpt},
     ]}, world=2)
-    out = {name: read(root / "four", name) for name in ("full", "hybrid", "full_sgd", "hybrid_sgd", "hybrid_resumed")}
+    names = ("full", "hybrid", "full_sgd", "hybrid_sgd", "hybrid_resumed", "full_from_hybrid")
+    out = {name: read(root / "four", name) for name in names}
     out["full_resumed"] = read(root / "two", "full_resumed")
     return out
 
@@ -198,6 +202,11 @@ def test_a_full_sharding_checkpoint_resumes_under_hybrid_and_on_fewer_ranks(runs
     assert runs[resumed]["losses"] == pytest.approx(runs["full"]["losses"][2:], rel=1e-5)
     # A fresh AdamW state would move every parameter by about lr = 1e-3 on its first step.
     _assert_same_state(runs[resumed]["state"], runs["full"]["state"], atol=5e-5)
+
+
+def test_a_hybrid_checkpoint_resumes_under_full_sharding(runs):
+    assert runs["full_from_hybrid"]["losses"] == pytest.approx(runs["hybrid"]["losses"][2:], rel=1e-5)
+    _assert_same_state(runs["full_from_hybrid"]["state"], runs["hybrid"]["state"], atol=5e-5)
 
 
 def test_known_collectives_are_counted_by_group(runs):

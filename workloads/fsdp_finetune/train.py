@@ -141,10 +141,10 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     # the node; the all-reduce across nodes (the replicate dimension) runs only on the window's last
     # micro-batch, on the sum FSDP2 has accumulated in each rank's gradient shard
     # (`set_requires_all_reduce`; a no-op under full sharding, which has no replicate dimension).
-    hybrid = hasattr(model, "set_requires_all_reduce")
+    fsdp = hasattr(model, "set_requires_all_reduce")
     for i, mb in enumerate(micro_batches):
         input_ids, labels = mb["input_ids"], mb["labels"]
-        if hybrid:
+        if fsdp:
             model.set_requires_all_reduce(i == len(micro_batches) - 1)
         token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens)
         (token_loss * scale).backward()
