@@ -23,7 +23,7 @@ from workloads.fsdp_finetune.data import IGNORE_INDEX
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
-from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name
+from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name, plan_from
 
 log = logging.getLogger("fsdp_finetune")
 
@@ -69,8 +69,6 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
 
 def worker_mesh_plan(config: dict, world: int):
     """The mesh plan of this run's `world` workers from the config's topology (`make_train_config`)."""
-    from workloads.fsdp_finetune.topology import plan_from
-
     return plan_from(config.get("sharding") or config["job"].get("sharding", "auto"), world_size=world,
                      ranks_per_node=config.get("ranks_per_node") or world)
 
