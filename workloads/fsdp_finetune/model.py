@@ -131,8 +131,8 @@ def mixed_precision(device: torch.device, reduce_dtype: str | torch.dtype = "flo
 
     On CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls are slow).
     bf16 reduction halves the gradient traffic (the cross-node all-reduce of hybrid sharding
-    included), but each reduction step rounds to 8 mantissa bits: the sum over 8 ranks and the
-    accumulation over micro-batches lose about 2-3 significant bits of each gradient.
+    included), but every partial sum of the reduction is rounded to bf16 (8 significant bits,
+    about 2-3 decimal digits), so small gradient components lose precision; float32 is the default.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -170,7 +170,7 @@ def shard_model(
     head again, so resharding would only re-gather the 233M-parameter embedding at the start of
     backward, where no compute overlaps it (0.47 GB held in bf16 for 1.5B);
     `root_reshard_after_forward=True` restores the old behaviour (bench/comm_volume.py measures it).
-    The root also gets the chunked loss method (`loss.install_fsdp_loss`), compiled with the layers under `compile`.
+    The root also gets the chunked loss method (`loss.install_fsdp_loss`), compiled under `compile`.
     Returns the model, sharded in place, in train mode.
     """
     from torch.distributed.fsdp import fully_shard
