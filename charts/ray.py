@@ -96,6 +96,10 @@ FLIGHT_RECORDER_ENV = {
 # TensorBoard writer (tensorboardX) is a dependency of ray[train], so every Ray Train image has it.
 MLFLOW_CLIENT = "mlflow-skinny"
 REQUIREMENTS_FILE = REPO_ROOT / "requirements.txt"
+# The caching allocator otherwise carves fixed-size segments: FSDP's all-gather buffers and the
+# chunked loss's logits vary in size from call to call, and fragmentation then fails allocations
+# well below the GPU's memory. Expandable segments grow and shrink one mapping instead.
+GPU_ALLOCATOR_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def cluster_name(config: ClusterConfig) -> str:
@@ -263,7 +267,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         image=config.ray.image,
         image_pull_policy="IfNotPresent",
         working_dir=bundle.MOUNT_PATH,
-        env=_env({**_code_env(config), **transport_env(config, group)}),
+        env=_env({**_code_env(config), **transport_env(config, group), **GPU_ALLOCATOR_ENV}),
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
         security_context=container_security_context(add=EFA_CAPABILITIES),

@@ -414,7 +414,18 @@ class JobConfig(_Strict):
     )
     max_failures: int = Field(default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).")
     activation_checkpointing: bool = Field(default=True, description="Recompute activations in backward.")
-    compile: bool = Field(default=False, description="torch.compile each decoder layer.")
+    compile: bool = Field(default=False, description="torch.compile each decoder layer and the chunked loss.")
+    sharding: Literal["auto", "full", "hybrid"] = Field(
+        default="auto",
+        description=("FSDP2 sharding: full (one group over all ranks), hybrid (shard within a node, replicate "
+                     "across nodes: only one gradient all-reduce per step crosses the network) or auto (hybrid "
+                     "when the job spans several nodes of more than one rank each, else full)."),
+    )
+    reduce_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description=("Gradient reduction dtype on GPU: float32 (exact sums) or bfloat16 (half the gradient "
+                     "traffic, sums rounded to 8 mantissa bits); CPU runs always reduce in float32."),
+    )
     attn_implementation: Literal["flash_attention_2", "sdpa", "eager"] = Field(
         default="sdpa", description="Attention kernel (flash_attention_2 is in the DLC image)."
     )
@@ -563,6 +574,11 @@ class ClusterConfig(_Strict):
 
         # The world size is derivable only once the groups themselves are valid.
         groups_valid = not problems
+        if groups_valid and self.job.sharding == "hybrid" and self.ranks_per_node is None:
+            per_group = ", ".join(f"{g.name}: {self.instance(g).gpus}" for g in self.cluster.worker_groups)
+            add("job.sharding", f"hybrid needs the same number of GPUs on every worker node (a 2-D mesh of equal "
+                f"shard groups), but the worker groups differ ({per_group} GPUs per node); use sharding: full, "
+                "or auto (which shards fully here)")
         for field, message in self.job.batch_problems(self.world_size if groups_valid else 1):
             if groups_valid or field != "global_batch_size":
                 add(f"job.{field}", message)
@@ -722,6 +738,12 @@ class ClusterConfig(_Strict):
     def world_size(self) -> int:
         """Ray Train workers, one per GPU, across all worker groups."""
         return sum(self.pods(g) * g.gpus_per_pod for g in self.cluster.worker_groups)
+
+    @cached_property
+    def ranks_per_node(self) -> int | None:
+        """Ray Train workers (GPUs) on each worker node; None when the worker groups differ."""
+        counts = {self.pods_per_node(g) * g.gpus_per_pod for g in self.cluster.worker_groups}
+        return counts.pop() if len(counts) == 1 else None
 
     @cached_property
     def cpus_per_worker(self) -> int:

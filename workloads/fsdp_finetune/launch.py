@@ -181,6 +181,10 @@ class RunPlan:
     metrics_path: str | None = None
     run_dir: str | None = None  # metrics.jsonl, TensorBoard events, loss plot (tracking.RunTracker)
     eval_records: list[dict] | None = None  # held-out records that replace the job's split (local assets)
+    sharding: str = "full"
+    """Resolved sharding (`topology.mesh_plan`): full or hybrid."""
+    ranks_per_node: int | None = None
+    """Workers per node (None: all on one machine, as in a local run)."""
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -197,7 +201,8 @@ def build_trainer(plan: RunPlan, **extra):
     train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
                                      run_dir=plan.run_dir, eval_records=plan.eval_records,
-                                     driver_progress=plan.metrics_path is not None, **extra)
+                                     driver_progress=plan.metrics_path is not None, sharding=plan.sharding,
+                                     ranks_per_node=plan.ranks_per_node, **extra)
     # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
     # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
     timeout_s = round(job.collective_timeout_minutes * 60)
@@ -336,7 +341,10 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
     lifecycle rule expires) and the model to `config.export_uri` (kept); `bucket` defaults to
     `checkpoint_bucket(config)`; `job` defaults to the file's job section.
     """
+    from workloads.fsdp_finetune.topology import mesh_plan
+
     job = job or config.job
+    mesh = mesh_plan(config.model_copy(update={"job": job}))
     if storage_path:
         storage, export = storage_path, f"{storage_path.rstrip('/')}/{job.run_name}/model"
     else:
@@ -352,6 +360,8 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         grad_accumulation=config.grad_accumulation,
         gpu_peak_tflops=config.gpu_peak_tflops,
         run_dir=f"{storage.rstrip('/')}/{job.run_name}",  # the run's own folder, beside Ray's checkpoints
+        sharding=mesh.sharding,
+        ranks_per_node=mesh.ranks_per_node,
     )
 
 

@@ -46,8 +46,20 @@ def _chunk_ce_sum(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.
     return F.cross_entropy(lm_head(hidden).float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+_compiled_chunk_ce_sum = None
+
+
+def compiled_chunk_ce_sum():
+    """`_chunk_ce_sum` under `torch.compile` (made once): the LM-head matmul, fp32 cast and cross-entropy
+    fuse, so the fp32 logits of a chunk never exist in full; dynamic shapes, as the last chunk is shorter."""
+    global _compiled_chunk_ce_sum
+    if _compiled_chunk_ce_sum is None:
+        _compiled_chunk_ce_sum = torch.compile(_chunk_ce_sum, dynamic=True)
+    return _compiled_chunk_ce_sum
+
+
 def token_ce_sum(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.Tensor, *,
-                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, compile: bool = False) -> torch.Tensor:
     """Sum of cross-entropies of `lm_head(hidden)` against shifted `labels` (B, T), chunked over positions.
 
     `hidden` is (B, T, H), `labels` are the unshifted labels (B, T). With gradients enabled each
@@ -57,12 +69,13 @@ def token_ce_sum(hidden: torch.Tensor, lm_head: torch.nn.Module, labels: torch.T
     flat_labels = shift_labels(labels).reshape(-1)
     total = hidden.new_zeros((), dtype=torch.float32)
     grad = torch.is_grad_enabled()
+    chunk_fn = compiled_chunk_ce_sum() if compile else _chunk_ce_sum
     for start in range(0, flat_hidden.size(0), chunk_tokens):
         h, y = flat_hidden[start:start + chunk_tokens], flat_labels[start:start + chunk_tokens]
         if grad:
-            total = total + checkpoint(_chunk_ce_sum, h, lm_head, y, use_reentrant=False)
+            total = total + checkpoint(chunk_fn, h, lm_head, y, use_reentrant=False)
         else:
-            total = total + _chunk_ce_sum(h, lm_head, y)
+            total = total + chunk_fn(h, lm_head, y)
     return total
 
 
@@ -73,16 +86,23 @@ def causal_lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor, att
     `model_kwargs` go to the decoder: `position_ids` of packed blocks, and flash attention's
     `cu_seq_lens_*`/`max_length_*` (`data.make_batch`). No KV cache: with one, transformers would
     not read packed sequences from `position_ids` (it builds the block-causal mask only without).
+    The chunks are compiled when `install_fsdp_loss(..., compile=True)` marked the model.
     """
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                          **model_kwargs).last_hidden_state
-    return token_ce_sum(hidden, model.lm_head, labels, chunk_tokens=chunk_tokens)
+    return token_ce_sum(hidden, model.lm_head, labels, chunk_tokens=chunk_tokens,
+                        compile=getattr(model, _COMPILE_FLAG, False))
 
 
-def install_fsdp_loss(model) -> None:
-    """Make `loss_sum` on this FSDP2 root run under the root's unshard/reshard hooks (see module doc)."""
+_COMPILE_FLAG = "_fsdp_loss_compiled"
+
+
+def install_fsdp_loss(model, *, compile: bool = False) -> None:
+    """Make `loss_sum` on this FSDP2 root run under the root's unshard/reshard hooks (see module doc);
+    `compile` compiles the chunked LM head + cross-entropy (`job.compile`)."""
     from torch.distributed.fsdp import register_fsdp_forward_method
 
+    setattr(model, _COMPILE_FLAG, compile)
     setattr(model, _FSDP_METHOD, types.MethodType(causal_lm_loss_sum, model))
     register_fsdp_forward_method(model, _FSDP_METHOD)
 

@@ -123,47 +123,71 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return model.model.layers
 
 
+REDUCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def mixed_precision(device: torch.device, reduce_dtype: str | torch.dtype = "float32"):
+    """FSDP2's policy: on GPU bf16 compute with gradients reduced in `reduce_dtype`; on CPU all fp32.
+
+    On CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls are slow).
+    bf16 reduction halves the gradient traffic (the cross-node all-reduce of hybrid sharding
+    included), but every partial sum of the reduction is rounded to bf16 (8 significant bits,
+    about 2-3 decimal digits), so small gradient components lose precision; float32 is the default.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if device.type != "cuda":
+        return MixedPrecisionPolicy()
+    dtype = REDUCE_DTYPES[reduce_dtype] if isinstance(reduce_dtype, str) else reduce_dtype
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=dtype)
+
+
 def shard_model(
     model,
     *,
     device: torch.device,
+    mesh=None,
+    reduce_dtype: str | torch.dtype = "float32",
     activation_checkpointing: bool = False,
     compile: bool = False,
     reshard_after_forward: bool = True,
+    root_reshard_after_forward: bool = False,
 ):
     """Apply activation checkpointing, per-layer compile and FSDP2 `fully_shard` (each layer, then root).
 
     One FSDP unit per decoder layer lets the all-gather of layer i+1 overlap layer i's compute and
     frees each layer's full parameters right after use; the root unit holds the embeddings, final
-    norm and (tied) LM head. On GPU, parameters are cast to bf16 for compute and gradients are
-    reduced in fp32; on CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls
-    are slow). Activation checkpointing uses Hugging Face's per-layer implementation (non-reentrant),
-    which keeps parameter names unchanged, so checkpoints and the exported model need no renaming.
+    norm and (tied) LM head. `mesh` (`topology.build_mesh`) decides who shards with whom: None or a
+    1-D mesh shards over all ranks, a 2-D ("replicate", "shard") mesh shards within a node and
+    replicates across nodes (HSDP). Mixed precision: `mixed_precision`. Activation checkpointing
+    uses Hugging Face's per-layer implementation (non-reentrant), which keeps parameter names
+    unchanged, so checkpoints and the exported model need no renaming.
     `reshard_after_forward=False` keeps each layer's gathered parameters from forward to backward
     (no second all-gather, at the cost of holding every layer's full bf16 parameters, 3 GB for
     1.5B): right at world size 1, where there is nothing to gather and resharding only makes
-    backward redo every layer's cast-and-copy. The root also gets the chunked loss method (`loss.install_fsdp_loss`).
+    backward redo every layer's cast-and-copy. The root unit is never resharded after forward (as
+    in torchtitan): its last use in forward is the LM head and its first in backward is the LM
+    head again, so resharding would only re-gather the 233M-parameter embedding at the start of
+    backward, where no compute overlaps it (0.47 GB held in bf16 for 1.5B);
+    `root_reshard_after_forward=True` restores the old behaviour (bench/comm_volume.py measures it).
+    The root also gets the chunked loss method (`loss.install_fsdp_loss`), compiled under `compile`.
     Returns the model, sharded in place, in train mode.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     from workloads.fsdp_finetune.loss import install_fsdp_loss
 
     model.train()  # checkpointing (and dropout) only act in train mode; see build_model
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp_policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if device.type == "cuda"
-        else MixedPrecisionPolicy()
-    )
+    mp_policy = mixed_precision(device, reduce_dtype)
     for layer in decoder_layers(model):
         if compile:
             # In-place compile keeps the module (and its parameter names) as it is.
             layer.compile()
-        fully_shard(layer, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    install_fsdp_loss(model)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=root_reshard_after_forward)
+    install_fsdp_loss(model, compile=compile)
     return model
 
 

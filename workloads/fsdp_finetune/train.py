@@ -25,6 +25,7 @@ from workloads.fsdp_finetune.evaluate import HeldOutLoss
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
+from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name, plan_from
 
 log = logging.getLogger("fsdp_finetune")
 
@@ -46,15 +47,18 @@ def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str 
 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
                       run_dir: str | None = None, eval_records: list[dict] | None = None,
-                      driver_progress: bool = False, **extra) -> dict:
+                      driver_progress: bool = False, sharding: str | None = None,
+                      ranks_per_node: int | None = None, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
     model; `run_dir` (a local path or a storage URI) is where rank 0 keeps the run's metrics.jsonl,
     TensorBoard events and loss plot (`tracking.RunTracker`). `eval_records` replace the held-out
     split (the local assets hold out their own questions); `driver_progress` says the driver draws
-    a progress bar from metrics.jsonl, so rank 0 does not also log every report. `extra` carries
-    test knobs: `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
+    a progress bar from metrics.jsonl, so rank 0 does not also log every report. `sharding`
+    (resolved: full or hybrid; default `job["sharding"]`) and `ranks_per_node` (default: all ranks
+    on one node) are the variable file's topology (`topology.mesh_plan`). `extra` carries test
+    knobs: `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
     records that it did), to exercise restarts.
     """
     return {
@@ -65,8 +69,16 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
         "run_dir": run_dir,
         "eval_records": eval_records,
         "driver_progress": driver_progress,
+        "sharding": sharding or job.get("sharding", "auto"),
+        "ranks_per_node": ranks_per_node,
         **extra,
     }
+
+
+def worker_mesh_plan(config: dict, world: int):
+    """The mesh plan of this run's `world` workers from the config's topology (`make_train_config`)."""
+    return plan_from(config.get("sharding") or config["job"].get("sharding", "auto"), world_size=world,
+                     ranks_per_node=config.get("ranks_per_node") or world)
 
 
 # ---- optimisation ---------------------------------------------------------------------------
@@ -113,9 +125,13 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     int `tokens` this rank processed.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
+    # Every micro-batch goes to the device first and the labels are counted there: counting on the
+    # host and copying the scalar over would be a blocking host-to-device copy at each step's start.
+    # (position_ids and flash's varlen arguments travel with them.)
+    micro_batches = [to_device(mb, device) for mb in micro_batches]
     label_tokens = torch.zeros((), dtype=torch.int64, device=device)
     for mb in micro_batches:
-        label_tokens += (mb["labels"][:, 1:] != IGNORE_INDEX).sum().to(device)
+        label_tokens += (mb["labels"][:, 1:] != IGNORE_INDEX).sum()
     if dist.is_initialized():
         dist.all_reduce(label_tokens)
     scale = world / label_tokens.clamp(min=1).to(torch.float32)
@@ -127,10 +143,16 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     # quarter of an L4), while reducing every time keeps only this rank's 1/world shard, into which
     # FSDP2 accumulates. Reduction is linear, so the sum of reduced micro-batch gradients is the
     # reduced sum: the step is the same up to float rounding, for one extra reduce-scatter per
-    # micro-batch that overlaps the backward pass.
-    for mb in micro_batches:
-        inputs = to_device(mb, device)  # position_ids (and flash's varlen arguments) go to the model too
+    # micro-batch that overlaps the backward pass. Under hybrid sharding that reduce-scatter stays in
+    # the node; the all-reduce across nodes (the replicate dimension) runs only on the window's last
+    # micro-batch, on the sum FSDP2 has accumulated in each rank's gradient shard
+    # (`set_requires_all_reduce`; a no-op under full sharding, which has no replicate dimension).
+    fsdp = hasattr(model, "set_requires_all_reduce")
+    for i, mb in enumerate(micro_batches):
+        inputs = dict(mb)  # position_ids (and flash's varlen arguments) go to the model too
         input_ids, labels = inputs.pop("input_ids"), inputs.pop("labels")
+        if fsdp:
+            model.set_requires_all_reduce(i == len(micro_batches) - 1)
         token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens, **inputs)
         (token_loss * scale).backward()
         summed_loss += token_loss.detach()
@@ -196,6 +218,11 @@ def train_func(config: dict) -> None:
     # differ per rank, or every data-parallel replica would drop the same units.
     torch.manual_seed(job["seed"] + rank)
 
+    # Placement first: a shard group Ray spread over two nodes fails here, before any download.
+    mesh_plan = worker_mesh_plan(config, world)
+    check_placement(mesh_plan, node_name(ray.get_runtime_context().get_node_id()))
+    mesh = build_mesh(mesh_plan, device.type)
+
     path = fetch_weights(job["model"], local_rank=local_rank)
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_ds, held_out_records = build_datasets(_job_for_data(job), tokenizer)
@@ -207,8 +234,8 @@ def train_func(config: dict) -> None:
     export_dtype = saved_dtype(path)
     model_config = model.config
     n_params = count_params(model)
-    shard_model(model, device=device, activation_checkpointing=job["activation_checkpointing"],
-                compile=job["compile"])
+    shard_model(model, device=device, mesh=mesh, reduce_dtype=job["reduce_dtype"],
+                activation_checkpointing=job["activation_checkpointing"], compile=job["compile"])
     optimizer = build_optimizer(model, job, device)
     scheduler = build_scheduler(optimizer, job)
 
@@ -226,9 +253,9 @@ def train_func(config: dict) -> None:
             raise ResumeError(conflict)
         batches.load_state_dict(restored["data"])
         log.info("resumed from %s at step %d", checkpoint.path, step)
-    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step",
-             job["model"], n_params / 1e6, world, config["grad_accumulation"], job["micro_batch_size"],
-             job["seq_len"])
+    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step, %s sharding "
+             "(mesh %s over %d node(s))", job["model"], n_params / 1e6, world, config["grad_accumulation"],
+             job["micro_batch_size"], job["seq_len"], mesh_plan.sharding, mesh_plan.mesh_shape, mesh_plan.nodes)
 
     held_out = _held_out(config, held_out_records, tokenizer, rank=rank, world=world)
     tracker = _tracker(config, resume_step=step, world=world) if rank == 0 else None
