@@ -64,11 +64,32 @@ def save_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     )
 
 
+def saved_world_size(directory: str | os.PathLike) -> int:
+    """The world size that wrote a checkpoint (one trainer file per rank)."""
+    return len(list(Path(directory).glob(TRAINER_FILE.format(rank="*"))))
+
+
+def rescale_data_state(data: dict, *, saved_world: int, world: int) -> dict:
+    """A data position written by `saved_world` ranks, for `world` ranks.
+
+    `ShardedBatches` deals an epoch's permutation out round-robin, so after position p on every
+    rank the first p x world x micro-batch blocks are consumed whatever the world size: the same
+    prefix is position p x saved_world / world under the new world size. The global batch is a
+    multiple of both, so at a step boundary this is exact; otherwise it rounds down (a few blocks
+    are seen twice, none skipped).
+    """
+    return {"epoch": int(data["epoch"]), "position": int(data["position"]) * saved_world // world}
+
+
 def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, device: torch.device) -> dict:
     """Restore model, optimizer, scheduler and RNG from a checkpoint; return `{"step", "data"}` for this rank.
 
-    Collective: every rank must call it. The world size must match the one that saved (the data
-    position and RNG states are per rank).
+    Collective: every rank must call it. DCP reshards the model and optimizer state onto whatever
+    mesh `model` now has, so a checkpoint written under full sharding resumes under hybrid (and
+    back), and under another world size. With the same world size each rank takes its own data
+    position and RNG states; with another, every rank takes rank 0's scheduler and step, the data
+    position is rescaled (`rescale_data_state`), and the RNG states start afresh (they belong to
+    ranks that no longer exist; nothing that must agree across ranks draws from them).
     """
     directory = Path(directory)
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -76,12 +97,17 @@ def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     dcp.load(state, checkpoint_id=str(directory))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     rank = dist.get_rank() if dist.is_initialized() else 0
-    trainer_file = directory / TRAINER_FILE.format(rank=rank)
-    if not trainer_file.exists():
-        raise FileNotFoundError(f"{trainer_file} missing: the checkpoint was written by a different world size")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    saved_world = saved_world_size(directory)
+    if saved_world == 0:
+        raise FileNotFoundError(f"no {TRAINER_FILE.format(rank='*')} in {directory}: not a complete checkpoint")
+    same_world = saved_world == world
     # Our own file (RNG states are numpy/python objects, not just tensors).
-    extra = torch.load(trainer_file, weights_only=False)
+    extra = torch.load(directory / TRAINER_FILE.format(rank=rank if same_world else 0), weights_only=False)
     scheduler.load_state_dict(extra["scheduler"])
+    if not same_world:
+        return {"step": extra["step"],
+                "data": rescale_data_state(extra["data"], saved_world=saved_world, world=world)}
     set_rng_state(extra["rng"], device)
     return {"step": extra["step"], "data": extra["data"]}
 

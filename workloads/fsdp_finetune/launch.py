@@ -176,6 +176,10 @@ class RunPlan:
     grad_accumulation: int
     gpu_peak_tflops: float | None
     metrics_path: str | None = None
+    sharding: str = "full"
+    """Resolved sharding (`topology.mesh_plan`): full or hybrid."""
+    ranks_per_node: int | None = None
+    """Workers per node (None: all on one machine, as in a local run)."""
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -191,7 +195,8 @@ def build_trainer(plan: RunPlan, **extra):
         resources["GPU"] = 1
     train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
-                                     metrics_path=plan.metrics_path, **extra)
+                                     metrics_path=plan.metrics_path, sharding=plan.sharding,
+                                     ranks_per_node=plan.ranks_per_node, **extra)
     return TorchTrainer(
         train_func,
         train_loop_config=train_config,
@@ -337,7 +342,10 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
     lifecycle rule expires) and the model to `config.export_uri` (kept); `bucket` defaults to
     `checkpoint_bucket(config)`; `job` defaults to the file's job section.
     """
+    from workloads.fsdp_finetune.topology import mesh_plan
+
     job = job or config.job
+    mesh = mesh_plan(config.model_copy(update={"job": job}))
     if storage_path:
         storage, export = storage_path, f"{storage_path.rstrip('/')}/{job.run_name}/model"
     else:
@@ -352,6 +360,8 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         cpus_per_worker=config.cpus_per_worker,
         grad_accumulation=config.grad_accumulation,
         gpu_peak_tflops=config.gpu_peak_tflops,
+        sharding=mesh.sharding,
+        ranks_per_node=mesh.ranks_per_node,
     )
 
 

@@ -102,9 +102,9 @@ def resolve_sharding(requested: str, *, nodes: int, ranks_per_node: int | None) 
 
 def plan_from(sharding: str, *, world_size: int, ranks_per_node: int) -> MeshPlan:
     """The mesh plan for `world_size` ranks, `ranks_per_node` to a node, under `sharding` (auto/full/hybrid)."""
-    if world_size < 1 or ranks_per_node < 1 or world_size % ranks_per_node:
+    if world_size < 1 or ranks_per_node < 1 or (sharding != "full" and world_size % ranks_per_node):
         raise ValueError(f"world size {world_size} is not a whole number of nodes of {ranks_per_node} ranks")
-    nodes = world_size // ranks_per_node
+    nodes = max(1, world_size // ranks_per_node)
     resolved = resolve_sharding(sharding, nodes=nodes, ranks_per_node=ranks_per_node)
     if resolved == "full":
         return MeshPlan(sharding="full", world_size=world_size, replicate=1, shard=world_size,

@@ -23,6 +23,7 @@ from workloads.fsdp_finetune.data import IGNORE_INDEX
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
+from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name
 
 log = logging.getLogger("fsdp_finetune")
 
@@ -43,13 +44,16 @@ def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str 
 
 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
-                      metrics_path: str | None = None, **extra) -> dict:
+                      metrics_path: str | None = None, sharding: str | None = None,
+                      ranks_per_node: int | None = None, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
     model; `metrics_path` (local runs: workers share the machine) is the JSON Lines file rank 0
-    appends to. `extra` carries test knobs: `fail_at_step` + `fail_marker` make the last rank
-    kill itself once (the marker file records that it did), to exercise restarts.
+    appends to. `sharding` (resolved: full or hybrid; default `job["sharding"]`) and
+    `ranks_per_node` (default: all ranks on one node) are the variable file's topology
+    (`topology.mesh_plan`). `extra` carries test knobs: `fail_at_step` + `fail_marker` make the
+    last rank kill itself once (the marker file records that it did), to exercise restarts.
     """
     return {
         "job": dict(job),
@@ -57,8 +61,18 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
         "gpu_peak_tflops": gpu_peak_tflops,
         "export_uri": export_uri,
         "metrics_path": metrics_path,
+        "sharding": sharding or job.get("sharding", "auto"),
+        "ranks_per_node": ranks_per_node,
         **extra,
     }
+
+
+def worker_mesh_plan(config: dict, world: int):
+    """The mesh plan of this run's `world` workers from the config's topology (`make_train_config`)."""
+    from workloads.fsdp_finetune.topology import plan_from
+
+    return plan_from(config.get("sharding") or config["job"].get("sharding", "auto"), world_size=world,
+                     ranks_per_node=config.get("ranks_per_node") or world)
 
 
 # ---- optimisation ---------------------------------------------------------------------------
@@ -196,6 +210,11 @@ def train_func(config: dict) -> None:
     # differ per rank, or every data-parallel replica would drop the same units.
     torch.manual_seed(job["seed"] + rank)
 
+    # Placement first: a shard group Ray spread over two nodes fails here, before any download.
+    mesh_plan = worker_mesh_plan(config, world)
+    check_placement(mesh_plan, node_name(ray.get_runtime_context().get_node_id()))
+    mesh = build_mesh(mesh_plan, device.type)
+
     path = fetch_weights(job["model"], local_rank=local_rank)
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_ds, _ = build_datasets(_job_for_data(job), tokenizer)  # held-out records: scored by the local driver
@@ -206,8 +225,8 @@ def train_func(config: dict) -> None:
     export_dtype = saved_dtype(path)
     model_config = model.config
     n_params = count_params(model)
-    shard_model(model, device=device, activation_checkpointing=job["activation_checkpointing"],
-                compile=job["compile"])
+    shard_model(model, device=device, mesh=mesh, reduce_dtype=job["reduce_dtype"],
+                activation_checkpointing=job["activation_checkpointing"], compile=job["compile"])
     optimizer = build_optimizer(model, job, device)
     scheduler = build_scheduler(optimizer, job)
 
@@ -225,9 +244,9 @@ def train_func(config: dict) -> None:
             raise ResumeError(conflict)
         batches.load_state_dict(restored["data"])
         log.info("resumed from %s at step %d", checkpoint.path, step)
-    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step",
-             job["model"], n_params / 1e6, world, config["grad_accumulation"], job["micro_batch_size"],
-             job["seq_len"])
+    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step, %s sharding "
+             "(mesh %s over %d node(s))", job["model"], n_params / 1e6, world, config["grad_accumulation"],
+             job["micro_batch_size"], job["seq_len"], mesh_plan.sharding, mesh_plan.mesh_shape, mesh_plan.nodes)
 
     metrics_log = MetricsLog(config["metrics_path"], resume_step=step) if rank == 0 and config.get(
         "metrics_path") else None
