@@ -18,6 +18,9 @@ World size 1 in this process (a one-rank process group), so both sides run their
   AdamW, seq 128, batch 1, `model(input_ids, labels=input_ids).loss.backward()`.
 
 MFU uses `metrics.flops_per_token` (6N + 12 L d T) against 989 TFLOP/s (H100/H200 dense bf16).
+The plan's prediction (`workloads.plan.predict`, fake tensors, before any GPU work) of the workload's
+peak memory and step time is printed beside the measured `torch.cuda.max_memory_allocated()` and
+step time: the gap is the plan's error (target: memory within 15 %).
 Targets on an H200: workload MFU >= 40 % and >= 20x the walkthrough's tokens/s. Warm-up steps
 (compilation included) are excluded from the timing; peak memory is printed beside MFU.
 
@@ -143,6 +146,26 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
     return result
 
 
+def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool) -> dict | None:
+    """`workloads.plan`'s prediction for this benchmark's own configuration (one rank, full sharding,
+    `reshard_after_forward=False`), made on fake tensors before any process group exists; None, with
+    the reason printed, where the plan cannot run here. Compilation is not simulated: with `compile`
+    the real step fuses the loss's fp32 logits away, so the plan's peak errs high."""
+    try:
+        from workloads.fsdp_finetune.topology import plan_from
+        from workloads.plan import predict
+        from workloads.plan.simulate import release_fake_process_group
+    except ImportError as exc:
+        print(f"plan: not run ({exc}); measured figures only")
+        return None
+    mesh = plan_from("full", world_size=1, ranks_per_node=1)
+    step = predict(cfg, mesh, micro_batch_size=micro, seq_len=seq, grad_accumulation=accum,
+                   activation_checkpointing=ac, bf16_tflops=PEAK_TFLOPS, reshard_after_forward=False)
+    release_fake_process_group()
+    return {"peak_memory_gib": round(step["peak_bytes"] / 2**30, 3), "step_s": round(step["step_time_s"], 4),
+            "efficiency": step["efficiency"], "compile_simulated": False, "compile": compile_}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model on CPU: checks the script, not the target")
@@ -166,10 +189,6 @@ def main() -> None:
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
-
     cfg = _config(args.tiny)
     seq = args.seq_len or (64 if args.tiny else 2048)
     micro = args.micro_batch or (2 if args.tiny else 8)
@@ -177,6 +196,12 @@ def main() -> None:
     iters = args.iters or (2 if args.tiny else 10)
     peak = PEAK_TFLOPS if use_cuda else None
     compile_ = use_cuda if args.compile is None else args.compile
+    planned = plan_prediction(cfg, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
+                              compile_=compile_)
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
 
     ours = bench_workload(cfg, device, seq=seq, micro=micro, accum=args.accumulation,
                           ac=args.activation_checkpointing, compile_=compile_, warmup=warmup, iters=iters)
@@ -197,6 +222,16 @@ def main() -> None:
         mem = f"{r['peak_memory_gib']:.1f} GiB" if "peak_memory_gib" in r else "n/a (CPU)"
         print(f"{name:12s} {r['tokens_per_s']:12.0f} tokens/s  step {r['step_s']:.3f} s  MFU {m}  peak memory {mem}")
     print(f"speed-up {speedup:.1f}x (targets on an H200: MFU >= 40%, speed-up >= 20x)")
+    plan_error = None
+    if planned is not None:
+        measured = f"{ours['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in ours else "n/a (CPU)"
+        print(f"plan (workloads.plan): peak memory {planned['peak_memory_gib']:.2f} GiB predicted, {measured} "
+              f"measured; step {planned['step_s']:.3f} s predicted at {planned['efficiency']:.0%} of "
+              f"{PEAK_TFLOPS:g} TFLOP/s, {ours['step_s']:.3f} s measured"
+              + ("; compile is not simulated (the plan's peak errs high)" if compile_ else ""))
+        if "peak_memory_gib" in ours:
+            plan_error = {"memory": round(planned["peak_memory_gib"] / ours["peak_memory_gib"] - 1, 4),
+                          "step_time": round(planned["step_s"] / ours["step_s"] - 1, 4), "memory_target": 0.15}
     mfu_met = None if peak is None else bool(ours["mfu"] >= MFU_TARGET)
     speedup_met = None if peak is None else bool(speedup >= SPEEDUP_TARGET)
     print(json.dumps({
@@ -207,7 +242,7 @@ def main() -> None:
         "targets": {"mfu": MFU_TARGET, "speedup": SPEEDUP_TARGET},
         "mfu_target_met": mfu_met, "speedup_target_met": speedup_met,
         "targets_met": None if peak is None else bool(mfu_met and speedup_met),
-        "workload": ours, "walkthrough": theirs,
+        "workload": ours, "walkthrough": theirs, "plan": planned, "plan_error": plan_error,
     }))
 
 

@@ -65,12 +65,58 @@ class PlanRefusal(Exception):
         self.field, self.message, self.plan = field, message, plan
 
 
+def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulation: int,
+            activation_checkpointing: bool, bf16_tflops: float, network_gbps: float = 0.0,
+            efficiency: float = DEFAULT_EFFICIENCY, reduce_dtype: str = "float32",
+            reshard_after_forward: bool = True, limit_gib: float | None = None) -> dict:
+    """Memory, FLOPs and step time of one steady-state step of `arch` on `mesh` (`topology.MeshPlan`).
+
+    No variable file needed (the GPU benchmark calls this for its own configuration). With
+    `limit_gib` and a peak above it, also `largest_micro_batch` (at this `seq_len`, the global
+    batch kept) and, when even one sequence is too many, `largest_seq_len` (halving).
+    """
+    from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, padded_numel
+    from workloads.plan.simulate import FakeJob
+
+    with FakeJob(arch, mesh_plan=mesh, activation_checkpointing=activation_checkpointing,
+                 reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward) as fake:
+        executed_mb, forward_mb = fake.count_flops(micro_batch_size, seq_len)
+        memory = fake.measure(micro_batch_size, seq_len, grad_accumulation)
+        state = fake.state_bytes()
+        out = {}
+        if limit_gib is not None and memory.peak > limit_gib * GIB:
+            out = _largest_fitting(fake, limit_gib * GIB, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                   sequences=micro_batch_size * grad_accumulation, peak=memory.peak)
+        params_comm = padded_numel(fake.param_shapes, mesh.shard)
+        root_comm = padded_numel(fake.root_param_shapes, mesh.shard)
+        params = fake.params
+    compute_s = executed_mb * grad_accumulation / (efficiency * bf16_tflops * 1e12)
+    cross_bytes = cross_node_bytes_per_step(mesh, params=params_comm, grad_accumulation=grad_accumulation,
+                                            param_bytes=PARAM_BYTES, reduce_bytes=REDUCE_BYTES[reduce_dtype],
+                                            root_params=root_comm)
+    # All ranks of a node send through its one network link at once.
+    network_s = cross_bytes * mesh.ranks_per_node * 8 / (network_gbps * 1e9) if cross_bytes else 0.0
+    return {
+        "params": params,
+        "peak_bytes": memory.peak,
+        "peak_by_category_bytes": memory.by_category,
+        "state_bytes": state,
+        "executed_flops_per_rank": executed_mb * grad_accumulation,
+        "model_flops_per_rank": 3 * forward_mb * grad_accumulation,
+        "compute_s": compute_s,
+        "cross_node_bytes_per_rank": cross_bytes,
+        "network_s": network_s,
+        "step_time_s": compute_s + network_s,
+        "efficiency": efficiency,
+        **out,
+    }
+
+
 def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB) -> dict:
     """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit."""
     from workloads.fsdp_finetune import metrics
-    from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, mesh_plan, padded_numel
+    from workloads.fsdp_finetune.topology import mesh_plan
     from workloads.plan.architectures import resolve_architecture
-    from workloads.plan.simulate import FakeJob
 
     started = time.perf_counter()
     job = config.job
@@ -79,37 +125,20 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
     hw = hardware(config)
     accum = config.grad_accumulation
     limit_gib = hw.visible_memory_gib - reserve_gib
-
-    with FakeJob(arch, mesh_plan=mesh, activation_checkpointing=job.activation_checkpointing,
-                 reduce_dtype=job.reduce_dtype, learning_rate=job.learning_rate, grad_clip=job.grad_clip) as fake:
-        executed_mb, forward_mb = fake.count_flops(job.micro_batch_size, job.seq_len)
-        memory = fake.measure(job.micro_batch_size, job.seq_len, accum)
-        state = fake.state_bytes()
-        peak_gib = memory.peak / GIB
-        fits = peak_gib <= limit_gib
-        refusal = None if fits else _largest_fitting(fake, config, hw, reserve_gib, memory.peak)
-
-        params_comm = padded_numel(fake.param_shapes, mesh.shard)
-        root_comm = padded_numel(fake.root_param_shapes, mesh.shard)
-        params = fake.params
-
+    step = predict(arch, mesh, micro_batch_size=job.micro_batch_size, seq_len=job.seq_len, grad_accumulation=accum,
+                   activation_checkpointing=job.activation_checkpointing, bf16_tflops=hw.bf16_tflops,
+                   network_gbps=hw.network_gbps, efficiency=efficiency, reduce_dtype=job.reduce_dtype,
+                   limit_gib=limit_gib)
     world = mesh.world_size
     tokens_per_step = job.global_batch_size * job.seq_len
-    flops_per_step = executed_mb * accum * world
-    counted_model_flops = 3 * forward_mb * accum * world
     formula_flops = metrics.flops_per_token(arch, job.seq_len) * tokens_per_step
-    compute_s = executed_mb * accum / (efficiency * hw.bf16_tflops * 1e12)
-    cross_bytes = cross_node_bytes_per_step(mesh, params=params_comm, grad_accumulation=accum,
-                                            param_bytes=PARAM_BYTES, reduce_bytes=REDUCE_BYTES[job.reduce_dtype],
-                                            root_params=root_comm)
-    node_bytes = cross_bytes * mesh.ranks_per_node
-    network_s = node_bytes * 8 / (hw.network_gbps * 1e9)
-    step_s = compute_s + network_s
+    step_s = step["step_time_s"]
     run_hours = job.max_steps * step_s / 3600
+    peak_gib = step["peak_bytes"] / GIB
     plan = {
         "model": job.model,
         "architecture_source": source,
-        "params": params,
+        "params": step["params"],
         "world_size": world,
         "nodes": mesh.nodes,
         "ranks_per_node": mesh.ranks_per_node,
@@ -124,23 +153,23 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "reserve_gib": reserve_gib,
         "limit_gib": round(limit_gib, 3),
         "peak_gib_per_gpu": round(peak_gib, 3),
-        "peak_by_category_gib": {k: round(v / GIB, 3) for k, v in memory.by_category.items()},
-        "state_gib_per_gpu": round(sum(state.values()) / GIB, 3),
-        "state_by_category_gib": {k: round(v / GIB, 3) for k, v in state.items()},
-        "fits": fits,
-        "flops_per_step": flops_per_step,
-        "model_flops_per_step_counted": counted_model_flops,
+        "peak_by_category_gib": {k: round(v / GIB, 3) for k, v in step["peak_by_category_bytes"].items()},
+        "state_gib_per_gpu": round(sum(step["state_bytes"].values()) / GIB, 3),
+        "state_by_category_gib": {k: round(v / GIB, 3) for k, v in step["state_bytes"].items()},
+        "fits": peak_gib <= limit_gib,
+        "flops_per_step": step["executed_flops_per_rank"] * world,
+        "model_flops_per_step_counted": step["model_flops_per_rank"] * world,
         "model_flops_per_step_formula": formula_flops,
-        "counted_over_formula": round(counted_model_flops / formula_flops, 4),
+        "counted_over_formula": round(step["model_flops_per_rank"] * world / formula_flops, 4),
         "efficiency": efficiency,
         "gpu_bf16_tflops": hw.bf16_tflops,
-        "compute_s": round(compute_s, 4),
-        "cross_node_bytes_per_rank": cross_bytes,
+        "compute_s": round(step["compute_s"], 4),
+        "cross_node_bytes_per_rank": step["cross_node_bytes_per_rank"],
         "network_gbps": hw.network_gbps,
-        "network_s": round(network_s, 4),
+        "network_s": round(step["network_s"], 4),
         "overlap": "none",
         "step_time_s": round(step_s, 4),
-        "step_time_full_overlap_s": round(max(compute_s, network_s), 4),
+        "step_time_full_overlap_s": round(max(step["compute_s"], step["network_s"]), 4),
         "tokens_per_step": tokens_per_step,
         "tokens_per_s": round(tokens_per_step / step_s, 1),
         "predicted_mfu": round(formula_flops / (step_s * world * hw.bf16_tflops * 1e12), 4),
@@ -150,50 +179,55 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "run_cost_usd": round(run_hours * config.cost_per_hour, 2),
         "plan_seconds": round(time.perf_counter() - started, 1),
     }
-    if refusal is not None:
-        field, message = refusal
-        raise PlanRefusal(field, message, plan)
+    if not plan["fits"]:
+        for key in ("largest_micro_batch", "largest_seq_len"):
+            if key in step:
+                plan[key] = step[key]
+        raise PlanRefusal(*_refusal(plan, job, reserve_gib), plan)
     return plan
 
 
-def _largest_fitting(fake, config, hw: Hardware, reserve_gib: float, peak: int) -> tuple[str, str]:
-    """(field, message) of the refusal: the largest micro-batch that fits at this `seq_len`, else the
-    largest `seq_len` (halving) that fits one sequence per micro-batch.
+def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int, sequences: int,
+                     peak: int) -> dict:
+    """The largest micro-batch that fits at `seq_len` ({"largest_micro_batch": n}), else the largest
+    `seq_len` (halving) that fits one sequence ({"largest_micro_batch": 0, "largest_seq_len": n}).
 
     The peak is close to affine in the micro-batch (activations and loss temporaries scale with
     it), so two measured points give a first guess, which is then measured and walked down.
+    `sequences` (per rank per step) stays fixed: a smaller micro-batch means more accumulation.
     """
-    job, world = config.job, config.world_size
-    limit_gib = hw.visible_memory_gib - reserve_gib
-    limit = limit_gib * GIB
-
     def peak_at(mb: int, seq: int) -> int:
-        accum = max(1, job.global_batch_size // (mb * world))
-        return fake.measure(mb, seq, accum).peak
+        return fake.measure(mb, seq, max(1, sequences // mb)).peak
 
-    mb = job.micro_batch_size
-    head = (f"predicted peak {peak / GIB:.1f} GiB per GPU exceeds the {limit_gib:.1f} GiB limit "
-            f"({hw.gpu} {hw.visible_memory_gib:.1f} GiB less {reserve_gib:g} GiB reserved for the CUDA context, "
-            f"NCCL buffers and allocator fragmentation)")
-    hint = "" if job.activation_checkpointing else "; or set job.activation_checkpointing: true"
-    one = peak_at(1, job.seq_len) if mb > 1 else peak
+    mb = micro_batch_size
+    one = peak_at(1, seq_len) if mb > 1 else peak
     if one <= limit:
         slope = (peak - one) / (mb - 1)
         best = max(1, min(mb - 1, 1 + math.floor((limit - one) / slope)))
         for _ in range(3):
-            if best == 1:
-                break
-            at = peak_at(best, job.seq_len)
-            if at <= limit:
+            if best == 1 or peak_at(best, seq_len) <= limit:
                 break
             best -= 1
-        return "micro_batch_size", (
-            f"{head}; the largest micro-batch that fits at seq_len {job.seq_len} is {best}: set "
-            f"job.micro_batch_size: {best} (job.global_batch_size a multiple of {best * world}){hint}")
-    seq = job.seq_len // 2
+        return {"largest_micro_batch": best}
+    seq = seq_len // 2
     while seq >= MIN_SEQ_LEN and peak_at(1, seq) > limit:
         seq //= 2
-    if seq < MIN_SEQ_LEN:
+    return {"largest_micro_batch": 0, "largest_seq_len": seq if seq >= MIN_SEQ_LEN else 0}
+
+
+def _refusal(plan: dict, job, reserve_gib: float) -> tuple[str, str]:
+    """(field, message) of a job whose predicted peak does not fit."""
+    head = (f"predicted peak {plan['peak_gib_per_gpu']:.1f} GiB per GPU exceeds the {plan['limit_gib']:.1f} GiB "
+            f"limit ({plan['gpu']} {plan['gpu_memory_gib']:.1f} GiB less {reserve_gib:g} GiB reserved for the CUDA "
+            f"context, NCCL buffers and allocator fragmentation)")
+    hint = "" if job.activation_checkpointing else "; or set job.activation_checkpointing: true"
+    best = plan.get("largest_micro_batch", 0)
+    if best:
+        return "micro_batch_size", (
+            f"{head}; the largest micro-batch that fits at seq_len {job.seq_len} is {best}: set "
+            f"job.micro_batch_size: {best} (job.global_batch_size a multiple of {best * plan['world_size']}){hint}")
+    seq = plan.get("largest_seq_len", 0)
+    if not seq:
         return "micro_batch_size", f"{head}; even one sequence of {MIN_SEQ_LEN} tokens does not fit{hint}"
     return "seq_len", (f"{head}; even micro_batch_size 1 does not fit at seq_len {job.seq_len}: set job.seq_len: "
                        f"{seq} (fits one sequence per micro-batch){hint}")
@@ -212,6 +246,9 @@ def render(plan: dict, file: str) -> str:
         "  memory per GPU at the peak of a steady-state step (FSDP2 memory tracker, fake tensors):",
     ]
     lines += [f"    {name:22s}{gib(v)}" for name, v in p["peak_by_category_gib"].items()]
+    if p["sharding"] == "hybrid" and p["grad_accumulation"] > 1:
+        lines.append("    (hybrid: until the window's last micro-batch the gradient shards accumulate in FSDP2's "
+                     "reduce buffer, which the tracker counts as temporaries)")
     verdict = "fits" if p["fits"] else "DOES NOT FIT"
     lines += [
         f"    {'peak':22s}{gib(p['peak_gib_per_gpu'])}   limit {p['limit_gib']:.2f} GiB ({p['gpu']} "

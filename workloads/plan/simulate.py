@@ -85,19 +85,25 @@ def init_fake_process_group(world_size: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
 
 
+def release_fake_process_group() -> None:
+    """Destroy the fake process group (a real one can then be created in this process)."""
+    if dist.is_initialized() and dist.get_backend() == "fake":
+        dist.destroy_process_group()
+
+
 class FakeJob(contextlib.AbstractContextManager):
     """The job's model, sharded, and its optimizer, on fake tensors; `with FakeJob(...) as job:`."""
 
     def __init__(self, arch, *, mesh_plan, activation_checkpointing: bool, reduce_dtype: str = "float32",
-                 learning_rate: float = 2e-5, grad_clip: float = 1.0):
+                 reshard_after_forward: bool = True, grad_clip: float = 1.0):
         from workloads.fsdp_finetune.topology import build_mesh
 
         self.arch = arch
         self.mesh_plan = mesh_plan
         self.activation_checkpointing = activation_checkpointing
         self.reduce_dtype = reduce_dtype
+        self.reshard_after_forward = reshard_after_forward
         self.grad_clip = grad_clip
-        self._job = {"learning_rate": learning_rate, "weight_decay": 0.0}
         init_fake_process_group(mesh_plan.world_size)
         self.mesh = build_mesh(mesh_plan, "cpu")  # outside FakeTensorMode, see the module doc
         self._stack = contextlib.ExitStack()
@@ -140,7 +146,8 @@ class FakeJob(contextlib.AbstractContextManager):
         # A CUDA device only picks shard_model's GPU dtype policy (bf16 compute); the mesh, and so
         # every tensor, is on the CPU.
         shard_model(model, device=torch.device("cuda"), mesh=self.mesh, reduce_dtype=self.reduce_dtype,
-                    activation_checkpointing=self.activation_checkpointing)
+                    activation_checkpointing=self.activation_checkpointing,
+                    reshard_after_forward=self.reshard_after_forward)
         model.to_empty(device="cpu")
         # FSDPMemTracker follows modules through their forward hooks, so the loss method goes
         # through the root's __call__ (same FSDP hooks); it also refuses a second root forward in
@@ -155,7 +162,8 @@ class FakeJob(contextlib.AbstractContextManager):
 
         setattr(model, _FSDP_METHOD, loss_through_call)
         self.model = model
-        self.optimizer = build_optimizer(model, self._job, torch.device("cpu"))
+        # The learning rate and weight decay change no tensor's size.
+        self.optimizer = build_optimizer(model, {"learning_rate": 1e-5, "weight_decay": 0.0}, torch.device("cpu"))
 
     def _micro_batches(self, micro_batch_size: int, seq_len: int, count: int) -> list[dict]:
         vocab = self.arch.vocab_size
