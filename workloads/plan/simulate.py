@@ -9,9 +9,10 @@ step is the workload's own `train_step` (forward, chunked loss, backward, clip, 
 random token ids, so what it allocates is what a GPU rank allocates, less the CUDA context, NCCL's
 buffers and the caching allocator's fragmentation (the reserve the plan keeps free).
 
-AdamW creates its moments inside the first `step()`, after that step's peak, so the first step
-runs untracked (it is where the FLOPs are counted) and the peak is taken from a later one, a
-steady-state step; several micro-batch sizes or sequence lengths can be measured on one model.
+AdamW creates its moments inside the first `step()`, after that step's peak, so they are created
+first (`warm_up`: what the first step leaves behind) and the peak is taken from a later step, a
+steady-state one; several micro-batch sizes or sequence lengths can be measured on one model.
+FLOPs are counted on models of one and two layers (`count_flops_by_layers`).
 
 Two departures from the GPU run, both on the side of overestimating memory: `job.compile` is not
 simulated (the compiled chunked loss fuses the fp32 logits away), and the loss method runs
@@ -22,6 +23,7 @@ pre-/post-forward hooks run either way; the tracker only sees modules called thr
 from __future__ import annotations
 
 import contextlib
+import copy
 import types
 from dataclasses import dataclass
 
@@ -170,6 +172,14 @@ class FakeJob(contextlib.AbstractContextManager):
         return [{"input_ids": (ids := torch.randint(0, vocab, (micro_batch_size, seq_len))), "labels": ids}
                 for _ in range(count)]
 
+    def warm_up(self) -> None:
+        """Leave behind what a first step does (gradients set, AdamW's state created), without its
+        forward and backward; then freed gradients, as `train_step` ends."""
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def count_flops(self, micro_batch_size: int, seq_len: int) -> tuple[float, float]:
         """(FLOPs one micro-batch executes in `train_step`, FLOPs of its forward pass alone), this rank.
 
@@ -206,7 +216,7 @@ class FakeJob(contextlib.AbstractContextManager):
         from workloads.fsdp_finetune.train import train_step
 
         if not self.optimizer.state:
-            raise RuntimeError("count_flops first: it runs the step that creates AdamW's state")
+            raise RuntimeError("warm_up (or count_flops) first: AdamW's state must exist")
         batches = self._micro_batches(micro_batch_size, seq_len, min(grad_accumulation, 2))
         tracker = FSDPMemTracker(self.model, self.optimizer)
         self._tracker = tracker
@@ -229,6 +239,27 @@ class FakeJob(contextlib.AbstractContextManager):
         opt = sum(_local(t).numel() * _local(t).element_size() for s in self.optimizer.state.values()
                   for t in s.values() if isinstance(t, torch.Tensor))
         return {"parameters": params, "gradients": grads, "optimizer state": opt}
+
+
+def count_flops_by_layers(arch, mesh_plan, *, micro_batch_size: int, seq_len: int,
+                          activation_checkpointing: bool, **kwargs) -> tuple[float, float]:
+    """`FakeJob.count_flops` of the whole model, from models of one and two decoder layers.
+
+    Every decoder layer of these architectures does the same work, so the count is
+    c1 + (L - 1) x (c2 - c1), exactly; counting on the full depth would cost as much CPU as the
+    memory-tracked step itself (fake tensors cost per operation, not per FLOP).
+    """
+    counts = []
+    for layers in (1, 2):
+        small = copy.deepcopy(arch)
+        small.num_hidden_layers = layers
+        if getattr(small, "layer_types", None):
+            small.layer_types = small.layer_types[:layers]
+        with FakeJob(small, mesh_plan=mesh_plan, activation_checkpointing=activation_checkpointing, **kwargs) as job:
+            counts.append(job.count_flops(micro_batch_size, seq_len))
+    (e1, f1), (e2, f2) = counts
+    extra = arch.num_hidden_layers - 1
+    return e1 + extra * (e2 - e1), f1 + extra * (f2 - f1)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
