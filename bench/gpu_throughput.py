@@ -17,35 +17,46 @@ World size 1 in this process (a one-rank process group), so both sides run their
 * walkthrough: pure bf16 weights, FSDP1 `FullyShardedDataParallel` with `size_based_auto_wrap_policy`,
   AdamW, seq 128, batch 1, `model(input_ids, labels=input_ids).loss.backward()`.
 
-MFU uses `metrics.flops_per_token` (6N + 12 L d T) against 989 TFLOP/s (H100/H200 dense bf16).
+MFU convention: `metrics.flops_per_token` = 6N + 12 L d T (PaLM appendix B: the full T^2
+attention score and value products, no causal halving, no recomputation counted), divided by the
+GPU's dense bf16 peak, which comes from the device name through the catalog
+(`config/instances.yaml` `gpu_device_names`: H200 SXM 989, H200 NVL 835, H100 SXM 989, L4 121
+TFLOP/s); an unlisted GPU gets no MFU. Targets on an H200: workload MFU >= 40 % and >= 20x the
+walkthrough's tokens/s. Warm-up steps (compilation included) are excluded from the timing.
+Between the two sides dynamo is reset and memory freed, so each side's peak memory is its own.
+If `torch.compile` cannot build a kernel (no C compiler or Triton), the workload side falls back
+to eager and the output says so. The process group is one rank on an in-memory store (no port).
+Runs without Ray and without flash-attn (sdpa), e.g. Python 3.12, torch 2.11, transformers 5.17.
 The plan's prediction (`workloads.plan.predict`, fake tensors, before any GPU work) of the workload's
 peak memory and step time is printed beside the measured `torch.cuda.max_memory_allocated()` and
 step time: the gap is the plan's error (target: memory within 15 %).
-Targets on an H200: workload MFU >= 40 % and >= 20x the walkthrough's tokens/s. Warm-up steps
-(compilation included) are excluded from the timing; peak memory is printed beside MFU.
 
     python bench/gpu_throughput.py                     # on a GPU
     python bench/gpu_throughput.py --micro-batch 12    # more tokens per step if memory allows
     python bench/gpu_throughput.py --no-compile        # eager layers
-    python bench/gpu_throughput.py --tiny              # anywhere: tiny shapes on CPU (compile off), in seconds
+    python bench/gpu_throughput.py --tiny              # anywhere: tiny shapes (compile off), both sides, in seconds
 
-CPU figures with --tiny only show that the script works; they are not the target. Last line is JSON.
+--tiny uses the GPU when there is one and the CPU otherwise (FSDP1 then runs on CPU with
+`device_id=cpu`); its figures only show that the script works, they are not the target. Last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PEAK_TFLOPS = 989.0  # H200 (= H100 SXM) dense bf16
 MFU_TARGET = 0.40
+MFU_CONVENTION = ("flops/token = 6N + 12*L*d*T (PaLM appendix B: full T^2 attention, no causal halving, "
+                  "recomputation not counted) / dense bf16 peak")
 SPEEDUP_TARGET = 20.0
+PLAN_TFLOPS = 989.0  # the plan's step time where the catalog does not know the device (CPU --tiny): H200 dense bf16
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
@@ -58,6 +69,42 @@ def _config(tiny: bool):
     from transformers import Qwen2Config
 
     return Qwen2Config(**(TINY if tiny else QWEN25_15B))
+
+
+def gpu_peak(device_name: str) -> tuple[str, float] | None:
+    """(GPU model, dense bf16 TFLOP/s) from the catalog. `config/gpus.py` is loaded by path: it needs
+    only PyYAML, while the `config` package would import pydantic, which a bare GPU machine may lack."""
+    path = Path(__file__).resolve().parent.parent / "config" / "gpus.py"
+    spec = importlib.util.spec_from_file_location("_catalog_gpus", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.gpu_peak_for_device(device_name)
+
+
+def compile_works(device) -> tuple[bool, str | None]:
+    """Whether `torch.compile` can build and run a kernel here (inductor needs a C compiler, and Triton on GPU)."""
+    import torch
+
+    try:
+        fn = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2 + 1)
+        fn(torch.ones(8, device=device))
+        return True, None
+    except Exception as exc:  # noqa: BLE001 - any backend failure means: run eager
+        return False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+    finally:
+        torch._dynamo.reset()
+
+
+def free_between_sides(device) -> None:
+    """Drop compiled graphs and cached memory so the next side's peak memory is its own."""
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def _timed(step, device, warmup: int, iters: int) -> float:
@@ -121,11 +168,10 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.config.use_cache = False
-    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=int(1e6 if cfg.hidden_size < 512 else 1e8))
-    if device.type == "cuda":
-        model = FSDP(model, auto_wrap_policy=policy, device_id=device, use_orig_params=True)
-    # FSDP1 refuses to run without an accelerator; on CPU (--tiny) the walkthrough's step runs
-    # unwrapped, which at world size 1 only drops FSDP1's own overhead.
+    policy = functools.partial(size_based_auto_wrap_policy,
+                               min_num_params=int(1e4 if cfg.hidden_size < 512 else 1e8))
+    # On CPU FSDP1 needs device_id=cpu explicitly (it otherwise looks for an accelerator).
+    model = FSDP(model, auto_wrap_policy=policy, device_id=device, use_orig_params=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
@@ -140,13 +186,14 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
         torch.cuda.reset_peak_memory_stats(device)
     seconds = _timed(step, device, warmup, iters)
     result = {"seq_len": seq, "batch": batch, "step_s": seconds, "tokens_per_s": batch * seq / seconds,
-              "fsdp1": device.type == "cuda", "bf16_weights": True}
+              "fsdp1": True, "bf16_weights": True}
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
 
 
-def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool) -> dict | None:
+def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool,
+                    peak_tflops: float) -> dict | None:
     """`workloads.plan`'s prediction for this benchmark's own configuration (one rank, full sharding,
     `reshard_after_forward=False`), made on fake tensors before any process group exists; None, with
     the reason printed, where the plan cannot run here. Compilation is not simulated: with `compile`
@@ -160,15 +207,17 @@ def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_
         return None
     mesh = plan_from("full", world_size=1, ranks_per_node=1)
     step = predict(cfg, mesh, micro_batch_size=micro, seq_len=seq, grad_accumulation=accum,
-                   activation_checkpointing=ac, bf16_tflops=PEAK_TFLOPS, reshard_after_forward=False)
+                   activation_checkpointing=ac, bf16_tflops=peak_tflops, reshard_after_forward=False)
     release_fake_process_group()
     return {"peak_memory_gib": round(step["peak_bytes"] / 2**30, 3), "step_s": round(step["step_time_s"], 4),
-            "efficiency": step["efficiency"], "compile_simulated": False, "compile": compile_}
+            "efficiency": step["efficiency"], "peak_tflops": peak_tflops, "compile_simulated": False,
+            "compile": compile_}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny model on CPU: checks the script, not the target")
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny model (GPU if present, else CPU), both sides: checks the script, not the target")
     parser.add_argument("--seq-len", type=int, default=None, help="default 2048 (64 with --tiny)")
     parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch; default 8 "
                         "(2 with --tiny)")
@@ -185,7 +234,7 @@ def main() -> None:
 
     from workloads.fsdp_finetune.metrics import flops_per_token, mfu
 
-    use_cuda = torch.cuda.is_available() and not args.tiny
+    use_cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -194,19 +243,24 @@ def main() -> None:
     micro = args.micro_batch or (2 if args.tiny else 8)
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     iters = args.iters or (2 if args.tiny else 10)
-    peak = PEAK_TFLOPS if use_cuda else None
-    compile_ = use_cuda if args.compile is None else args.compile
+    device_name = torch.cuda.get_device_name(device) if use_cuda else "CPU"
+    catalog_gpu = gpu_peak(device_name) if use_cuda else None
+    peak = catalog_gpu[1] if catalog_gpu and not args.tiny else None
+    compile_ = (use_cuda and not args.tiny) if args.compile is None else args.compile
+    compile_note = None
+    if compile_:
+        ok, reason = compile_works(device)
+        if not ok:
+            compile_, compile_note = False, f"torch.compile unavailable ({reason}); the workload side runs eager"
+            print(f"note: {compile_note}", flush=True)
     planned = plan_prediction(cfg, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
-                              compile_=compile_)
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=0, world_size=1)
+                              compile_=compile_, peak_tflops=catalog_gpu[1] if catalog_gpu else PLAN_TFLOPS)
+    # After the plan (its fake process group is gone): one rank on an in-memory store, no port to collide.
+    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
 
     ours = bench_workload(cfg, device, seq=seq, micro=micro, accum=args.accumulation,
                           ac=args.activation_checkpointing, compile_=compile_, warmup=warmup, iters=iters)
-    if use_cuda:
-        torch.cuda.empty_cache()  # the workload's model and optimizer are gone with its function
+    free_between_sides(device)
     walk_seq = 16 if args.tiny else 128
     theirs = bench_walkthrough(cfg, device, seq=walk_seq, batch=1, warmup=warmup, iters=max(iters, 5))
     ours["mfu"] = mfu(ours["tokens_per_s"], cfg, seq, peak)
@@ -214,12 +268,16 @@ def main() -> None:
     speedup = ours["tokens_per_s"] / theirs["tokens_per_s"]
     dist.destroy_process_group()
 
-    where = torch.cuda.get_device_name(device) if use_cuda else "CPU (--tiny: not the target)"
-    print(f"device: {where}; model: {'tiny Qwen2' if args.tiny else 'Qwen2.5-1.5B architecture'}, random weights")
+    where = device_name + (" (--tiny: not the target)" if args.tiny else "")
+    peak_text = (f"{catalog_gpu[0]} dense bf16 peak {catalog_gpu[1]:g} TFLOP/s (catalog)" if catalog_gpu
+                 else "no catalog peak for this device: MFU n/a")
+    print(f"device: {where}; {peak_text}; model: {'tiny Qwen2' if args.tiny else 'Qwen2.5-1.5B architecture'}, "
+          "random weights")
+    print(f"MFU convention: {MFU_CONVENTION}")
     print(f"flops/token: workload {flops_per_token(cfg, seq):.3e}, walkthrough {flops_per_token(cfg, walk_seq):.3e}")
     for name, r in (("workload", ours), ("walkthrough", theirs)):
         m = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a (no CPU peak)"
-        mem = f"{r['peak_memory_gib']:.1f} GiB" if "peak_memory_gib" in r else "n/a (CPU)"
+        mem = f"{r['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in r else "n/a (CPU)"
         print(f"{name:12s} {r['tokens_per_s']:12.0f} tokens/s  step {r['step_s']:.3f} s  MFU {m}  peak memory {mem}")
     print(f"speed-up {speedup:.1f}x (targets on an H200: MFU >= 40%, speed-up >= 20x)")
     plan_error = None
@@ -227,7 +285,7 @@ def main() -> None:
         measured = f"{ours['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in ours else "n/a (CPU)"
         print(f"plan (workloads.plan): peak memory {planned['peak_memory_gib']:.2f} GiB predicted, {measured} "
               f"measured; step {planned['step_s']:.3f} s predicted at {planned['efficiency']:.0%} of "
-              f"{PEAK_TFLOPS:g} TFLOP/s, {ours['step_s']:.3f} s measured"
+              f"{planned['peak_tflops']:g} TFLOP/s, {ours['step_s']:.3f} s measured"
               + ("; compile is not simulated (the plan's peak errs high)" if compile_ else ""))
         if "peak_memory_gib" in ours:
             plan_error = {"memory": round(planned["peak_memory_gib"] / ours["peak_memory_gib"] - 1, 4),
@@ -235,7 +293,8 @@ def main() -> None:
     mfu_met = None if peak is None else bool(ours["mfu"] >= MFU_TARGET)
     speedup_met = None if peak is None else bool(speedup >= SPEEDUP_TARGET)
     print(json.dumps({
-        "device": where, "tiny": args.tiny, "peak_tflops": peak,
+        "device": where, "tiny": args.tiny, "gpu_model": catalog_gpu[0] if catalog_gpu else None,
+        "peak_tflops": peak, "mfu_convention": MFU_CONVENTION, "compile_fallback": compile_note,
         "workload_tokens_per_s": round(ours["tokens_per_s"], 1), "workload_mfu": ours["mfu"],
         "walkthrough_tokens_per_s": round(theirs["tokens_per_s"], 1), "walkthrough_mfu": theirs["mfu"],
         "speedup": round(speedup, 2),

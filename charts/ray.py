@@ -67,6 +67,10 @@ OFI_NCCL_PLUGIN = "ofi"
 # `ray.train.report()` waits until the poll has taken the previous one. The controller reads it
 # from the job's environment (Ray Train propagates it from the driver).
 RAY_TRAIN_HEALTH_CHECK_INTERVAL_S = "1.0"
+# The caching allocator otherwise carves fixed-size segments: FSDP's all-gather buffers and the
+# chunked loss's logits vary in size from call to call, and fragmentation then fails allocations
+# well below the GPU's memory. Expandable segments grow and shrink one mapping instead.
+GPU_ALLOCATOR_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def cluster_name(config: ClusterConfig) -> str:
@@ -207,7 +211,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         image=config.ray.image,
         image_pull_policy="IfNotPresent",
         working_dir=bundle.MOUNT_PATH,
-        env=_env({**_code_env(config), **transport_env(config, group)}),
+        env=_env({**_code_env(config), **transport_env(config, group), **GPU_ALLOCATOR_ENV}),
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
         # EFA registers (pins) memory with the device; without IPC_LOCK the memlock limit stops it.

@@ -30,6 +30,13 @@ def plan(config: ClusterConfig) -> str:
             f"hugepages-2Mi {res.hugepages_2mi_mib} MiB")
     lines.append(f"  world size {config.world_size} (one Ray Train worker per GPU, {config.cpus_per_worker} CPU each), "
                  f"gradient accumulation {config.grad_accumulation}")
+    from workloads.fsdp_finetune.topology import mesh_plan  # no torch import until a mesh is built
+
+    mesh = mesh_plan(config)
+    where = ("shard within each node, replicate across nodes" if mesh.sharding == "hybrid"
+             else "one group over all ranks")
+    lines.append(f"  sharding {mesh.sharding} (job.sharding: {config.job.sharding}): mesh {mesh.mesh_shape} "
+                 f"{mesh.mesh_dim_names}, {where}")
     lines.append(f"  on-demand cost ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
     return "\n".join(lines)
 

@@ -605,11 +605,6 @@ class ClusterConfig(_Strict):
         return sum(self.pods(g) * g.gpus_per_pod for g in self.cluster.worker_groups)
 
     @cached_property
-    def worker_nodes(self) -> int:
-        """GPU nodes the job runs on, across all worker groups."""
-        return sum(g.nodes for g in self.cluster.worker_groups)
-
-    @cached_property
     def ranks_per_node(self) -> int | None:
         """Ray Train workers (GPUs) on each worker node; None when the worker groups differ."""
         counts = {self.pods_per_node(g) * g.gpus_per_pod for g in self.cluster.worker_groups}

@@ -228,6 +228,7 @@ def test_one_worker_group_per_group_sized_from_derived_values(any_synth):
         assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
         assert _env(container)["NCCL_DEBUG"] == config.nccl.debug
+        assert _env(container)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
 def _nccl_excludes(ifname_setting: str, interface: str) -> bool:

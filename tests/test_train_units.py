@@ -249,3 +249,22 @@ def test_two_rank_fsdp_step_with_activation_checkpointing_equals_one_plain_step(
     assert got["state"].keys() == expected.keys()
     for key, value in expected.items():
         torch.testing.assert_close(got["state"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_compiled_chunked_loss_equals_eager():
+    """`job.compile` also compiles the LM head + cross-entropy chunks (inductor; dynamic: the last chunk is shorter)."""
+    from workloads.fsdp_finetune.loss import token_ce_sum
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 40, 16, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(16, 50, bias=False)
+    labels = torch.randint(0, 50, (2, 40), generator=gen)
+    labels[0, :5] = -100
+    grads = []
+    for compile_ in (False, True):
+        loss = token_ce_sum(hidden, head, labels, chunk_tokens=32, compile=compile_)
+        loss.backward()
+        grads.append((loss.detach(), hidden.grad.clone(), head.weight.grad.clone()))
+        hidden.grad = head.weight.grad = None
+    for eager, compiled in zip(*grads, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

@@ -12,8 +12,8 @@ placement check (`topology.check_placement`) runs on that, as on the cluster.
 The spec runs phases in one process group (each builds the model afresh from `model_dir`):
 
     {"model_dir", "ranks_per_node", "global_rows", "seq", "accum", "seed", "lr", "threads", "out_dir",
-     "phases": [{"name", "sharding", "steps", "start_step", "load_dir", "save_dir", "save_after", "count",
-                 "warmup_steps", "known_collective"}]}
+     "phases": [{"name", "sharding", "steps", "start_step", "load_dir", "save_dir", "save_after",
+                 "optimizer" (adamw | sgd), "root_reshard", "warmup_steps", "known_collective"}]}
 
 The data of step s is a fixed set of `global_rows` random sequences (some positions masked),
 split by rank and micro-batch, so every sharding and world size sees the same global batch.
@@ -78,9 +78,12 @@ def _phase(spec: dict, phase: dict, rank: int, world: int) -> None:
     all_shapes = [p.shape for p in model.parameters()]
     layer_ids = {id(p) for layer in decoder_layers(model) for p in layer.parameters()}
     root_shapes = [p.shape for p in model.parameters() if id(p) not in layer_ids]
-    shard_model(model, device=device, mesh=mesh)
+    shard_model(model, device=device, mesh=mesh, root_reshard_after_forward=phase.get("root_reshard", False))
     job = {"learning_rate": spec["lr"], "weight_decay": 0.0, "warmup_steps": 0, "max_steps": 1000}
-    optimizer = build_optimizer(model, job, device)
+    # SGD is linear in the gradients, so rounding-level gradient differences stay rounding-level in
+    # the parameters; AdamW (the workload's) divides by sqrt(v) and can amplify them where v ~ 0.
+    optimizer = (torch.optim.SGD(model.parameters(), lr=spec["lr"]) if phase.get("optimizer") == "sgd"
+                 else build_optimizer(model, job, device))
     scheduler = build_scheduler(optimizer, job)
     start = phase.get("start_step", 0)
     if phase.get("load_dir"):

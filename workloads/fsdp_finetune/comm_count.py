@@ -12,8 +12,8 @@ the group spans nodes (`node_of(rank)`). Used by `bench/comm_volume.py` and its 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

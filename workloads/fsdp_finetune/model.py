@@ -131,8 +131,8 @@ def mixed_precision(device: torch.device, reduce_dtype: str | torch.dtype = "flo
 
     On CPU everything stays fp32 (gloo has no fast bf16 path, and CPU bf16 matmuls are slow).
     bf16 reduction halves the gradient traffic (the cross-node all-reduce of hybrid sharding
-    included), but each reduction step rounds to 8 mantissa bits: the sum over 8 ranks and the
-    accumulation over micro-batches lose about 2-3 significant bits of each gradient.
+    included), but every partial sum of the reduction is rounded to bf16 (8 significant bits,
+    about 2-3 decimal digits), so small gradient components lose precision; float32 is the default.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -151,6 +151,7 @@ def shard_model(
     activation_checkpointing: bool = False,
     compile: bool = False,
     reshard_after_forward: bool = True,
+    root_reshard_after_forward: bool = False,
 ):
     """Apply activation checkpointing, per-layer compile and FSDP2 `fully_shard` (each layer, then root).
 
@@ -167,8 +168,9 @@ def shard_model(
     backward redo every layer's cast-and-copy. The root unit is never resharded after forward (as
     in torchtitan): its last use in forward is the LM head and its first in backward is the LM
     head again, so resharding would only re-gather the 233M-parameter embedding at the start of
-    backward, where no compute overlaps it (0.47 GB held in bf16 for 1.5B). The root also gets the
-    chunked loss method (`loss.install_fsdp_loss`), compiled with the layers under `compile`.
+    backward, where no compute overlaps it (0.47 GB held in bf16 for 1.5B);
+    `root_reshard_after_forward=True` restores the old behaviour (bench/comm_volume.py measures it).
+    The root also gets the chunked loss method (`loss.install_fsdp_loss`), compiled under `compile`.
     Returns the model, sharded in place, in train mode.
     """
     from torch.distributed.fsdp import fully_shard
@@ -184,7 +186,7 @@ def shard_model(
             # In-place compile keeps the module (and its parameter names) as it is.
             layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=root_reshard_after_forward)
     install_fsdp_loss(model, compile=compile)
     return model
 

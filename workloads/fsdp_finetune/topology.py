@@ -19,6 +19,8 @@ needs equal shard groups.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -151,7 +153,7 @@ def placement_problem(plan: MeshPlan, node_names: list[str]) -> str | None:
     """Why the observed placement (`node_names[rank]`: the node each rank runs on) breaks the plan, or None.
 
     Under hybrid sharding each shard group must sit on one node and no two groups on the same one;
-    under full sharding only the ranks-per-node count is informative (nothing depends on it).
+    full sharding works with any placement (every collective spans all ranks anyway).
     """
     if len(node_names) != plan.world_size:
         return f"expected {plan.world_size} ranks, found {len(node_names)}"
@@ -197,9 +199,6 @@ def check_placement(plan: MeshPlan, node_name: str) -> None:
 def node_name(ray_node_id: str | None = None) -> str:
     """The Kubernetes node this worker runs on (`K8S_NODE_NAME`; several pods on one node share it),
     else Ray's node id (one per pod or machine), else the host name."""
-    import os
-    import socket
-
     from config.k8s import NODE_NAME_ENV
 
     return os.environ.get(NODE_NAME_ENV) or ray_node_id or socket.gethostname()

@@ -23,7 +23,7 @@ from workloads.fsdp_finetune.data import IGNORE_INDEX
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import MetricsLog, mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
-from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name
+from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name, plan_from
 
 log = logging.getLogger("fsdp_finetune")
 
@@ -69,8 +69,6 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
 
 def worker_mesh_plan(config: dict, world: int):
     """The mesh plan of this run's `world` workers from the config's topology (`make_train_config`)."""
-    from workloads.fsdp_finetune.topology import plan_from
-
     return plan_from(config.get("sharding") or config["job"].get("sharding", "auto"), world_size=world,
                      ranks_per_node=config.get("ranks_per_node") or world)
 
@@ -141,10 +139,10 @@ def train_step(model, optimizer, micro_batches: list[dict], *, grad_clip: float,
     # the node; the all-reduce across nodes (the replicate dimension) runs only on the window's last
     # micro-batch, on the sum FSDP2 has accumulated in each rank's gradient shard
     # (`set_requires_all_reduce`; a no-op under full sharding, which has no replicate dimension).
-    hybrid = hasattr(model, "set_requires_all_reduce")
+    fsdp = hasattr(model, "set_requires_all_reduce")
     for i, mb in enumerate(micro_batches):
         input_ids, labels = mb["input_ids"], mb["labels"]
-        if hybrid:
+        if fsdp:
             model.set_requires_all_reduce(i == len(micro_batches) - 1)
         token_loss = loss_sum(model, input_ids, labels, chunk_tokens=chunk_tokens)
         (token_loss * scale).backward()
