@@ -76,14 +76,11 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
     batch kept) and, when even one sequence is too many, `largest_seq_len` (halving).
     """
     from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, padded_numel
-    from workloads.plan.simulate import FakeJob, count_flops_by_layers
+    from workloads.plan.simulate import FakeJob
 
-    options = dict(activation_checkpointing=activation_checkpointing, reduce_dtype=reduce_dtype,
-                   reshard_after_forward=reshard_after_forward)
-    executed_mb, forward_mb = count_flops_by_layers(arch, mesh, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                                    **options)
-    with FakeJob(arch, mesh_plan=mesh, **options) as fake:
-        fake.warm_up()
+    with FakeJob(arch, mesh_plan=mesh, activation_checkpointing=activation_checkpointing,
+                 reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward) as fake:
+        executed_mb, forward_mb = fake.count_flops(micro_batch_size, seq_len)
         memory = fake.measure(micro_batch_size, seq_len, grad_accumulation)
         state = fake.state_bytes()
         out = {}

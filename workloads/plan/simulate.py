@@ -9,10 +9,12 @@ step is the workload's own `train_step` (forward, chunked loss, backward, clip, 
 random token ids, so what it allocates is what a GPU rank allocates, less the CUDA context, NCCL's
 buffers and the caching allocator's fragmentation (the reserve the plan keeps free).
 
-AdamW creates its moments inside the first `step()`, after that step's peak, so they are created
-first (`warm_up`: what the first step leaves behind) and the peak is taken from a later step, a
-steady-state one; several micro-batch sizes or sequence lengths can be measured on one model.
-FLOPs are counted on models of one and two layers (`count_flops_by_layers`).
+AdamW creates its moments inside the first `step()`, after that step's peak, so the first step
+runs untracked (it is where the FLOPs are counted) and the peak is taken from a later one, a
+steady-state step; several micro-batch sizes or sequence lengths can be measured on one model.
+A real first step is needed, not just AdamW's state: Qwen2.5-7B at micro-batch 8 x 2048 peaks at
+42.6 GiB in its first tracked step after AdamW's state was created by hand, 28.3 GiB in the steps
+after (25 GiB more "activations" with checkpointing on; first-iteration set-up, not steady state).
 
 Two departures from the GPU run, both on the side of overestimating memory: `job.compile` is not
 simulated (the compiled chunked loss fuses the fp32 logits away), and the loss method runs
@@ -23,8 +25,6 @@ pre-/post-forward hooks run either way; the tracker only sees modules called thr
 from __future__ import annotations
 
 import contextlib
-import copy
-import gc
 import types
 from dataclasses import dataclass
 
@@ -173,14 +173,6 @@ class FakeJob(contextlib.AbstractContextManager):
         return [{"input_ids": (ids := torch.randint(0, vocab, (micro_batch_size, seq_len))), "labels": ids}
                 for _ in range(count)]
 
-    def warm_up(self) -> None:
-        """Leave behind what a first step does (gradients set, AdamW's state created), without its
-        forward and backward; then freed gradients, as `train_step` ends."""
-        for p in self.model.parameters():
-            p.grad = torch.zeros_like(p)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
     def count_flops(self, micro_batch_size: int, seq_len: int) -> tuple[float, float]:
         """(FLOPs one micro-batch executes in `train_step`, FLOPs of its forward pass alone), this rank.
 
@@ -217,22 +209,15 @@ class FakeJob(contextlib.AbstractContextManager):
         from workloads.fsdp_finetune.train import train_step
 
         if not self.optimizer.state:
-            raise RuntimeError("warm_up (or count_flops) first: AdamW's state must exist")
+            raise RuntimeError("count_flops first: it runs the step that creates AdamW's state")
         batches = self._micro_batches(micro_batch_size, seq_len, min(grad_accumulation, 2))
         tracker = FSDPMemTracker(self.model, self.optimizer)
         self._tracker = tracker
-        # Python's cyclic collector stays paused for the tracked step: a collection inside it makes
-        # the tracker's figure for checkpointed activations jump (Qwen2.5-7B, micro-batch 8 x 2048:
-        # 28.3 GiB peak paused, 42.6 GiB with a collection mid-step, 28 GiB of it "activations",
-        # where checkpointing keeps one 3.5 GiB set of layer inputs). Fake tensors hold no memory.
-        gc.collect()
-        gc.disable()
         try:
             with tracker:
                 train_step(self.model, self.optimizer, batches, grad_clip=self.grad_clip, device=torch.device("cpu"))
         finally:
             self._tracker = None
-            gc.enable()
         (snapshot,) = tracker.get_tracker_snapshot("peak").values()
         named = {str(getattr(k, "value", k)): v for k, v in snapshot.items()}
         by_category = {name: sum(named.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}
@@ -247,27 +232,6 @@ class FakeJob(contextlib.AbstractContextManager):
         opt = sum(_local(t).numel() * _local(t).element_size() for s in self.optimizer.state.values()
                   for t in s.values() if isinstance(t, torch.Tensor))
         return {"parameters": params, "gradients": grads, "optimizer state": opt}
-
-
-def count_flops_by_layers(arch, mesh_plan, *, micro_batch_size: int, seq_len: int,
-                          activation_checkpointing: bool, **kwargs) -> tuple[float, float]:
-    """`FakeJob.count_flops` of the whole model, from models of one and two decoder layers.
-
-    Every decoder layer of these architectures does the same work, so the count is
-    c1 + (L - 1) x (c2 - c1), exactly; counting on the full depth would cost as much CPU as the
-    memory-tracked step itself (fake tensors cost per operation, not per FLOP).
-    """
-    counts = []
-    for layers in (1, 2):
-        small = copy.deepcopy(arch)
-        small.num_hidden_layers = layers
-        if getattr(small, "layer_types", None):
-            small.layer_types = small.layer_types[:layers]
-        with FakeJob(small, mesh_plan=mesh_plan, activation_checkpointing=activation_checkpointing, **kwargs) as job:
-            counts.append(job.count_flops(micro_batch_size, seq_len))
-    (e1, f1), (e2, f2) = counts
-    extra = arch.num_hidden_layers - 1
-    return e1 + extra * (e2 - e1), f1 + extra * (f2 - f1)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
