@@ -9,7 +9,11 @@ training step are kept; the rest take the model class's defaults.
 
 from __future__ import annotations
 
+import copy
 import re
+
+_LLAMA32_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
 
 # Values from each model's config.json on the Hugging Face Hub (the -Instruct variants share them).
 KNOWN: dict[str, dict] = {
@@ -32,15 +36,11 @@ KNOWN: dict[str, dict] = {
     "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
                          max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,
-                         rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0,
-                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                          "original_max_position_embeddings": 8192}),
+                         rms_norm_eps=1e-5, rope_scaling=_LLAMA32_ROPE),
     "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
                          num_attention_heads=24, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                          max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,
-                         rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0,
-                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                          "original_max_position_embeddings": 8192}),
+                         rms_norm_eps=1e-5, rope_scaling=_LLAMA32_ROPE),
 }
 
 
@@ -73,5 +73,5 @@ def resolve_architecture(model: str):
             f"no architecture known for '{model}' without the network (not a local directory, not in the "
             f"Hugging Face cache, not in the table of {', '.join(sorted(KNOWN))}); point job.model at a "
             f"directory with its config.json, or add its config.json fields to workloads/plan/architectures.py")
-    fields = dict(fields)
+    fields = copy.deepcopy(fields)  # the config may rewrite rope_scaling in place
     return AutoConfig.for_model(fields.pop("model_type"), **fields), "table (published config.json)"

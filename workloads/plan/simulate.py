@@ -16,9 +16,10 @@ A real first step is needed, not just AdamW's state: Qwen2.5-7B at micro-batch 8
 42.6 GiB in its first tracked step after AdamW's state was created by hand, 28.3 GiB in the steps
 after (25 GiB more "activations" with checkpointing on; first-iteration set-up, not steady state).
 
-Two departures from the GPU run, both on the side of overestimating memory: `job.compile` is not
-simulated (the compiled chunked loss fuses the fp32 logits away), and the loss method runs
-through the root module's `__call__` instead of FSDP's registered forward method (the same FSDP
+Departures from the GPU run: `job.compile` is not simulated (the compiled chunked loss fuses the
+fp32 logits away, so the plan errs high there); attention is sdpa's CPU flash kernel (the same
+memory shape as the GPU's flash kernels: no T x T scores kept); and the loss method runs through
+the root module's `__call__` instead of FSDP's registered forward method (the same FSDP
 pre-/post-forward hooks run either way; the tracker only sees modules called through `__call__`).
 """
 
