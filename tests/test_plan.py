@@ -110,15 +110,18 @@ def test_flop_counter_agrees_with_the_metrics_formula(default_plan):
 
 
 def test_oversized_job_is_refused_naming_the_field(tmp_path):
-    file = write_variant(tmp_path, {"job": {"model": "meta-llama/Llama-3.2-1B", "seq_len": 8192,
-                                            "micro_batch_size": 4, "global_batch_size": 32,
+    """Llama 3.2 1B (16 layers: the quickest real architecture here), 8 x 4096 tokens per micro-batch,
+    no activation checkpointing, on the default 8 L4."""
+    file = write_variant(tmp_path, {"job": {"model": "meta-llama/Llama-3.2-1B", "seq_len": 4096,
+                                            "micro_batch_size": 8, "global_batch_size": 64,
                                             "activation_checkpointing": False}})
     result = run_plan(file)
     assert result.returncode == 2, result.stdout + result.stderr[-2000:]
     (line,) = [line for line in result.stderr.splitlines() if line.startswith(f"{file}: job.")]
-    field = line.split(": ")[1]
-    assert field in ("job.micro_batch_size", "job.seq_len")
-    assert "predicted peak" in line and "GiB limit" in line and "activation_checkpointing: true" in line
+    assert line.startswith(f"{file}: job.micro_batch_size: predicted peak ")
+    assert "GiB limit" in line and "activation_checkpointing: true" in line
+    best = int(line.split("the largest micro-batch that fits at seq_len 4096 is ")[1].split(":")[0])
+    assert 1 <= best < 8
     assert "DOES NOT FIT" in result.stdout  # the table is still printed, to show where the memory goes
 
 
