@@ -27,6 +27,9 @@ Between the two sides dynamo is reset and memory freed, so each side's peak memo
 If `torch.compile` cannot build a kernel (no C compiler or Triton), the workload side falls back
 to eager and the output says so. The process group is one rank on an in-memory store (no port).
 Runs without Ray and without flash-attn (sdpa), e.g. Python 3.12, torch 2.11, transformers 5.17.
+The plan's prediction (`workloads.plan.predict`, fake tensors, before any GPU work) of the workload's
+peak memory and step time is printed beside the measured `torch.cuda.max_memory_allocated()` and
+step time: the gap is the plan's error (target: memory within 15 %).
 
     python bench/gpu_throughput.py                     # on a GPU
     python bench/gpu_throughput.py --micro-batch 12    # more tokens per step if memory allows
@@ -53,6 +56,7 @@ MFU_TARGET = 0.40
 MFU_CONVENTION = ("flops/token = 6N + 12*L*d*T (PaLM appendix B: full T^2 attention, no causal halving, "
                   "recomputation not counted) / dense bf16 peak")
 SPEEDUP_TARGET = 20.0
+PLAN_TFLOPS = 989.0  # the plan's step time where the catalog does not know the device (CPU --tiny): H200 dense bf16
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
@@ -188,6 +192,28 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
     return result
 
 
+def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool,
+                    peak_tflops: float) -> dict | None:
+    """`workloads.plan`'s prediction for this benchmark's own configuration (one rank, full sharding,
+    `reshard_after_forward=False`), made on fake tensors before any process group exists; None, with
+    the reason printed, where the plan cannot run here. Compilation is not simulated: with `compile`
+    the real step fuses the loss's fp32 logits away, so the plan's peak errs high."""
+    try:
+        from workloads.fsdp_finetune.topology import plan_from
+        from workloads.plan import predict
+        from workloads.plan.simulate import release_fake_process_group
+    except ImportError as exc:
+        print(f"plan: not run ({exc}); measured figures only")
+        return None
+    mesh = plan_from("full", world_size=1, ranks_per_node=1)
+    step = predict(cfg, mesh, micro_batch_size=micro, seq_len=seq, grad_accumulation=accum,
+                   activation_checkpointing=ac, bf16_tflops=peak_tflops, reshard_after_forward=False)
+    release_fake_process_group()
+    return {"peak_memory_gib": round(step["peak_bytes"] / 2**30, 3), "step_s": round(step["step_time_s"], 4),
+            "efficiency": step["efficiency"], "peak_tflops": peak_tflops, "compile_simulated": False,
+            "compile": compile_}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true",
@@ -212,9 +238,6 @@ def main() -> None:
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    # One rank on an in-memory store: no port to collide with another run.
-    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-
     cfg = _config(args.tiny)
     seq = args.seq_len or (64 if args.tiny else 2048)
     micro = args.micro_batch or (2 if args.tiny else 8)
@@ -230,6 +253,10 @@ def main() -> None:
         if not ok:
             compile_, compile_note = False, f"torch.compile unavailable ({reason}); the workload side runs eager"
             print(f"note: {compile_note}", flush=True)
+    planned = plan_prediction(cfg, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
+                              compile_=compile_, peak_tflops=catalog_gpu[1] if catalog_gpu else PLAN_TFLOPS)
+    # After the plan (its fake process group is gone): one rank on an in-memory store, no port to collide.
+    dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
 
     ours = bench_workload(cfg, device, seq=seq, micro=micro, accum=args.accumulation,
                           ac=args.activation_checkpointing, compile_=compile_, warmup=warmup, iters=iters)
@@ -253,6 +280,16 @@ def main() -> None:
         mem = f"{r['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in r else "n/a (CPU)"
         print(f"{name:12s} {r['tokens_per_s']:12.0f} tokens/s  step {r['step_s']:.3f} s  MFU {m}  peak memory {mem}")
     print(f"speed-up {speedup:.1f}x (targets on an H200: MFU >= 40%, speed-up >= 20x)")
+    plan_error = None
+    if planned is not None:
+        measured = f"{ours['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in ours else "n/a (CPU)"
+        print(f"plan (workloads.plan): peak memory {planned['peak_memory_gib']:.2f} GiB predicted, {measured} "
+              f"measured; step {planned['step_s']:.3f} s predicted at {planned['efficiency']:.0%} of "
+              f"{planned['peak_tflops']:g} TFLOP/s, {ours['step_s']:.3f} s measured"
+              + ("; compile is not simulated (the plan's peak errs high)" if compile_ else ""))
+        if "peak_memory_gib" in ours:
+            plan_error = {"memory": round(planned["peak_memory_gib"] / ours["peak_memory_gib"] - 1, 4),
+                          "step_time": round(planned["step_s"] / ours["step_s"] - 1, 4), "memory_target": 0.15}
     mfu_met = None if peak is None else bool(ours["mfu"] >= MFU_TARGET)
     speedup_met = None if peak is None else bool(speedup >= SPEEDUP_TARGET)
     print(json.dumps({
@@ -264,7 +301,7 @@ def main() -> None:
         "targets": {"mfu": MFU_TARGET, "speedup": SPEEDUP_TARGET},
         "mfu_target_met": mfu_met, "speedup_target_met": speedup_met,
         "targets_met": None if peak is None else bool(mfu_met and speedup_met),
-        "workload": ours, "walkthrough": theirs,
+        "workload": ours, "walkthrough": theirs, "plan": planned, "plan_error": plan_error,
     }))
 
 

@@ -24,6 +24,9 @@ class InstanceType(BaseModel):
     gpus: int = Field(ge=0, description="NVIDIA GPUs on the instance.")
     gpu_model: str | None = Field(default=None, description="GPU model name (None for CPU types).")
     gpu_memory_gib: int = Field(default=0, ge=0, description="Memory per GPU, GiB.")
+    gpu_visible_memory_mib: int = Field(
+        default=0, ge=0, description="Memory CUDA reports per GPU (nvidia-smi's total, below the nominal), MiB."
+    )
     gpu_bf16_tflops: float = Field(default=0.0, ge=0, description="Dense bf16 peak per GPU, TFLOP/s.")
     vcpus: int = Field(gt=0, description="vCPUs.")
     memory_gib: int = Field(gt=0, description="Nominal memory, GiB.")

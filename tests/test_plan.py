@@ -1,0 +1,146 @@
+"""`python -m workloads.plan`: the FSDP2 memory tracker and FLOP counter on fake tensors, through the CLI.
+
+Each plan of a real architecture runs one fake training step per measured size (tens of seconds
+of CPU for Qwen2.5-1.5B), so every plan here is made once per module and asserted on several ways.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, write_variant
+from workloads.fsdp_finetune.metrics import flops_per_token
+from workloads.plan.architectures import KNOWN, ArchitectureError, resolve_architecture, table_key
+
+BYTES_PER_PARAM = 16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments
+
+
+def run_plan(file, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workloads.plan", str(file), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def plan_json(file) -> dict:
+    result = run_plan(file, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def default_plan():
+    """The default variable file: Qwen2.5-1.5B on 2 x g6.12xlarge (hybrid sharding under `auto`)."""
+    return plan_json(REPO / "config" / "cluster.yaml")
+
+
+def test_architecture_table_matches_the_published_parameter_counts():
+    # Published sizes: Qwen2.5 0.49B / 1.54B / 3.09B / 7.62B, Llama 3.2 1.24B / 3.21B.
+    published = {"qwen2.5-0.5b": 0.494e9, "qwen2.5-1.5b": 1.544e9, "qwen2.5-3b": 3.086e9, "qwen2.5-7b": 7.616e9,
+                 "llama-3.2-1b": 1.236e9, "llama-3.2-3b": 3.213e9}
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    assert set(published) == set(KNOWN)
+    for key, expected in published.items():
+        arch, source = resolve_architecture(f"org/{key.upper()}-Instruct")
+        assert source.startswith("table")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(arch)
+        assert sum(p.numel() for p in model.parameters()) == pytest.approx(expected, rel=0.005), key
+    assert table_key("s3://bucket/models/Qwen2.5-7B/") == "qwen2.5-7b"
+    with pytest.raises(ArchitectureError, match="job.model at a directory"):
+        resolve_architecture("someone/unknown-model-13b")
+
+
+def test_state_is_16_bytes_per_parameter_over_the_shard_group(default_plan):
+    """Hybrid (the default file): the plan's figure over shard groups of 4. Full sharding over 8:
+    the same accounting (`FakeJob.state_bytes`) after AdamW's state exists, without the plan's steps."""
+    assert default_plan["sharding"] == "hybrid" and default_plan["shard_group_size"] == 4
+    assert default_plan["state_gib_per_gpu"] * 2**30 == pytest.approx(
+        BYTES_PER_PARAM * default_plan["params"] / 4, rel=0.02)
+
+    import torch
+
+    from workloads.fsdp_finetune.topology import plan_from
+    from workloads.plan.simulate import FakeJob, release_fake_process_group
+
+    arch, _ = resolve_architecture("Qwen/Qwen2.5-1.5B")
+    try:
+        with FakeJob(arch, mesh_plan=plan_from("full", world_size=8, ranks_per_node=4),
+                     activation_checkpointing=True) as fake:
+            for p in fake.model.parameters():  # what the first step leaves behind: gradients, then AdamW state
+                p.grad = torch.zeros_like(p)
+            fake.optimizer.step()
+            state = fake.state_bytes()
+    finally:
+        release_fake_process_group()
+    assert sum(state.values()) == pytest.approx(BYTES_PER_PARAM * default_plan["params"] / 8, rel=0.02)
+
+
+def test_default_file_fits_on_g6_12xlarge(default_plan):
+    p = default_plan
+    assert p["gpu"] == "L4" and p["fits"] is True
+    assert p["peak_gib_per_gpu"] <= p["limit_gib"] == pytest.approx(p["gpu_memory_gib"] - p["reserve_gib"])
+    assert p["peak_gib_per_gpu"] == pytest.approx(sum(p["peak_by_category_gib"].values()), abs=0.01)
+    for key in ("params", "world_size", "sharding", "peak_gib_per_gpu", "state_gib_per_gpu", "gpu_memory_gib",
+                "fits", "flops_per_step", "step_time_s", "tokens_per_s", "run_hours", "run_cost_usd"):
+        assert key in p
+    # The whole run follows from the step time and the catalog.
+    assert p["tokens_per_s"] == pytest.approx(64 * 2048 / p["step_time_s"], rel=1e-3)
+    assert p["run_hours"] == pytest.approx(500 * p["step_time_s"] / 3600, rel=1e-3)
+    assert p["run_cost_usd"] == pytest.approx(p["run_hours"] * p["cost_per_hour_usd"], abs=0.01)
+    assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["network_s"], abs=1e-3)
+
+
+def test_flop_counter_agrees_with_the_metrics_formula(default_plan):
+    """PaLM's convention (metrics.py): 6N + 12LdT per token, backward = 2 x forward, no recomputation.
+    The counter's 3 x forward differs only by the bias adds and norms, which N counts and a matmul
+    counter does not (~0.01 % here)."""
+    p = default_plan
+    arch, _ = resolve_architecture(p["model"])
+    formula = flops_per_token(arch, p["seq_len"]) * 64 * p["seq_len"]
+    assert p["model_flops_per_step_formula"] == pytest.approx(formula)
+    assert p["model_flops_per_step_counted"] == pytest.approx(formula, rel=0.002)
+    # What the GPU executes is more: activation checkpointing recomputes each layer's forward and
+    # the chunked loss its LM head (about 8N + 16LdT of 6N + 12LdT, less for the head).
+    assert 1.2 < p["flops_per_step"] / p["model_flops_per_step_counted"] < 1.4
+
+
+def test_oversized_job_is_refused_naming_the_field(tmp_path):
+    """Llama 3.2 1B (16 layers: the quickest real architecture here), 8 x 4096 tokens per micro-batch,
+    no activation checkpointing, on the default 8 L4."""
+    file = write_variant(tmp_path, {"job": {"model": "meta-llama/Llama-3.2-1B", "seq_len": 4096,
+                                            "micro_batch_size": 8, "global_batch_size": 64,
+                                            "activation_checkpointing": False}})
+    result = run_plan(file)
+    assert result.returncode == 2, result.stdout + result.stderr[-2000:]
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith(f"{file}: job.")]
+    assert line.startswith(f"{file}: job.micro_batch_size: predicted peak ")
+    assert "GiB limit" in line and "activation_checkpointing: true" in line
+    best = int(line.split("the largest micro-batch that fits at seq_len 4096 is ")[1].split(":")[0])
+    assert 1 <= best < 8
+    assert "DOES NOT FIT" in result.stdout  # the table is still printed, to show where the memory goes
+
+
+def test_tiny_local_model_plan(tmp_path):
+    """The architecture comes from the model directory's config.json; a few seconds of CPU."""
+    from workloads.fsdp_finetune.local_assets import prepare_local_assets
+
+    assets = prepare_local_assets(tmp_path / "assets")
+    file = write_variant(tmp_path, {"job": {"model": str(assets.model_dir), "seq_len": 128,
+                                            "micro_batch_size": 8, "global_batch_size": 64}})
+    p = plan_json(file)
+    assert p["architecture_source"] == f"{assets.model_dir}/config.json"
+    assert p["fits"] and 0 < p["peak_gib_per_gpu"] < 1
+    assert p["state_bytes_per_gpu"] == pytest.approx(BYTES_PER_PARAM * p["params"] / 4, rel=0.02)
+
+
+def test_unknown_architecture_is_refused_unless_skipped(tmp_path):
+    file = write_variant(tmp_path, {"job": {"model": "someone/unknown-model-13b"}})
+    refused = run_plan(file)
+    assert refused.returncode == 2 and f"{file}: job.model: no architecture known" in refused.stderr
+    skipped = run_plan(file, "--skip-unknown")
+    assert skipped.returncode == 0 and "job.model" in skipped.stderr

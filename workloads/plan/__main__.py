@@ -1,0 +1,46 @@
+"""`python -m workloads.plan [FILE] [--json]`: see `workloads.plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from workloads.plan import DEFAULT_EFFICIENCY, RESERVE_GIB, PlanRefusal, make_plan, render
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 with the plan; 2 when the job does not fit (or the file or the model is unusable)."""
+    from config.loader import load_or_exit, resolve_path
+    from workloads.plan.architectures import ArchitectureError
+
+    parser = argparse.ArgumentParser(prog="python -m workloads.plan", description=__doc__.split(":")[0])
+    parser.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
+                        help=f"fraction of the GPU's dense bf16 peak sustained (default {DEFAULT_EFFICIENCY})")
+    parser.add_argument("--reserve-gib", type=float, default=RESERVE_GIB,
+                        help=f"GiB per GPU kept free for CUDA context, NCCL and fragmentation (default {RESERVE_GIB})")
+    parser.add_argument("--skip-unknown", action="store_true",
+                        help="an architecture known neither locally nor in the table is a warning, exit 0 "
+                             "(the RayJob's job.sh: the plan must not block a model it cannot see)")
+    args = parser.parse_args(argv)
+    if not 0 < args.efficiency <= 1:
+        parser.error("--efficiency must be in (0, 1]")
+    file = str(resolve_path(args.file))
+    config = load_or_exit(args.file)
+    try:
+        plan = make_plan(config, efficiency=args.efficiency, reserve_gib=args.reserve_gib)
+    except ArchitectureError as exc:
+        print(f"{file}: job.model: {exc}", file=sys.stderr)
+        return 0 if args.skip_unknown else 2
+    except PlanRefusal as refusal:
+        print(json.dumps(refusal.plan) if args.json else render(refusal.plan, file))
+        print(f"{file}: {refusal}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan) if args.json else render(plan, file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
