@@ -15,6 +15,7 @@ from config import ClusterConfig
 from config.k8s import system_node_labels
 from stacks.asg_tags import discovery_tags
 from stacks.helm_addons import pinned_chart
+from stacks.pod_identity import pod_identity_principal
 from stacks.versions import CLUSTER_AUTOSCALER_SERVICE_ACCOUNT, cluster_autoscaler
 
 # Read-only calls the autoscaler makes to build its view of the groups; none of them supports
@@ -67,7 +68,8 @@ class ClusterAutoscaler(Construct):
         self.cluster_name = config.cluster.name
         self.pin, image_tag = cluster_autoscaler(config.cluster.kubernetes_version)
         self.role = iam.Role(
-            self, "Role", assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+            self, "Role", assumed_by=pod_identity_principal(cluster, namespace=self.pin.namespace,
+                                                            service_account=CLUSTER_AUTOSCALER_SERVICE_ACCOUNT),
             description=f"Cluster Autoscaler of {config.cluster.name}: resize that cluster's node groups only")
         self.role.add_to_policy(iam.PolicyStatement(sid="Describe", actions=_DESCRIBE_ACTIONS, resources=["*"]))
         cluster_tag = next(k for k in discovery_tags(config.cluster.name) if k.endswith(config.cluster.name))

@@ -15,6 +15,7 @@ from stacks.autoscaler import ClusterAutoscaler
 from stacks.efa_nodegroup import EfaNodeGroup
 from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
 from stacks.launch_template import system_launch_template
+from stacks.pod_identity import pod_identity_principal
 from stacks.versions import kubectl_layer
 
 # The CloudWatch agent's service account, as the amazon-cloudwatch-observability add-on creates it.
@@ -162,7 +163,8 @@ class ClusterStack(cdk.Stack):
     def _cloudwatch_observability(self) -> None:
         """The CloudWatch observability add-on (Container Insights with GPU and EFA metrics)."""
         role = iam.Role(self, "CloudWatchAgentRole",
-                        assumed_by=iam.SessionTagsPrincipal(iam.ServicePrincipal("pods.eks.amazonaws.com")),
+                        assumed_by=pod_identity_principal(self.cluster, namespace=CLOUDWATCH_NAMESPACE,
+                                                          service_account=CLOUDWATCH_SERVICE_ACCOUNT),
                         managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("CloudWatchAgentServerPolicy")])
         association = eks.CfnPodIdentityAssociation(
             self, "CloudWatchAgentIdentity", cluster_name=self.cluster.cluster_name,

@@ -111,6 +111,20 @@ def test_pod_identity_trust_is_pinned_to_cluster_namespace_and_service_account()
     assert output["Value"] == {"Fn::GetAtt": [cluster_id, "Arn"]}
 
 
+@pytest.mark.parametrize(("variant", "role_part", "namespace", "service_account"), [
+    ("default", "ClusterAutoscalerRole", "kube-system", "cluster-autoscaler"),
+    ("alt", "CloudWatchAgentRole", "amazon-cloudwatch", "cloudwatch-agent"),
+])
+def test_add_on_pod_identity_roles_are_pinned_too(variant, role_part, namespace, service_account):
+    (statement,) = _role(variant, "cluster", role_part)["AssumeRolePolicyDocument"]["Statement"]
+    equals = statement["Condition"]["StringEquals"]
+    assert equals["aws:SourceAccount"] == {"Ref": "AWS::AccountId"}
+    assert equals["aws:RequestTag/kubernetes-namespace"] == namespace
+    assert equals["aws:RequestTag/kubernetes-service-account"] == service_account
+    (cluster_id,) = resources(variant, "cluster", "AWS::EKS::Cluster")
+    assert equals["aws:RequestTag/eks-cluster-arn"] == {"Fn::GetAtt": [cluster_id, "Arn"]}
+
+
 def test_no_reads_outside_the_job_prefix_without_s3_inputs():
     sids = {st.get("Sid") for st in _pod_role_statements("default")}
     assert sids == {"ObjectsUnderPrefix", "ListPrefixOnly", "BucketRegion"}
