@@ -159,10 +159,10 @@ class FakeJob(contextlib.AbstractContextManager):
         # cleared before each one.
         model.forward = types.MethodType(causal_lm_loss_sum, model)
 
-        def loss_through_call(*args):
+        def loss_through_call(*args, **kwargs):
             if self._tracker is not None:
                 self._tracker.reset_mod_stats()
-            return model(*args)
+            return model(*args, **kwargs)
 
         setattr(model, _FSDP_METHOD, loss_through_call)
         self.model = model
