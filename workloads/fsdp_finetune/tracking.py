@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from workloads.fsdp_finetune.metrics import METRICS_FILE, MetricsLog, plot_loss
@@ -71,6 +72,11 @@ class RunTracker:
         if self.remote and resume_step:
             self._fetch(METRICS_FILE)  # the rows before the checkpoint are kept
         self.metrics = MetricsLog(self.local_dir / METRICS_FILE, resume_step=resume_step)
+        # Copies to remote storage run on one background thread: a synchronous upload on rank 0 at
+        # every report would stall every rank at the next collective. A report that finds the last
+        # copy still running skips its own (the next copy takes the whole folder); `close` copies last.
+        self._uploader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracking-copy") if self.remote else None
+        self._upload: Future | None = None
         self.title = f"{job['run_name']}: loss"
         self._plot_warned = False
         self._tensorboard = self._open_tensorboard(resume_step)
@@ -144,7 +150,8 @@ class RunTracker:
         self._log_mlflow(figures, step)
         if plot:
             self._plot()
-        self._publish()
+        if self._uploader is not None and (self._upload is None or self._upload.done()):
+            self._upload = self._uploader.submit(self._publish)
 
     def close(self) -> None:
         """Final plot, final copy, MLflow run marked finished."""
@@ -152,6 +159,9 @@ class RunTracker:
             self._tensorboard.close()
             self._tensorboard = None
         self._plot()
+        if self._uploader is not None:
+            self._uploader.shutdown(wait=True)  # the copy in flight, then the final one below
+            self._uploader = None
         self._publish()
         if self._mlflow is not None:
             client, run_id = self._mlflow
