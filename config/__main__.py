@@ -2,12 +2,16 @@
 
 `python -m config reference [--write README.md]`: the field reference table."""
 
+# The config package knows nothing of the workload: `python -m workloads.check [FILE]` runs this check and
+# then counts a local dataset's tokens and epochs with the workload's data pipeline.
+
 from __future__ import annotations
 
 import argparse
 
 from config.catalog import load_catalog
 from config.loader import load_or_exit, resolve_path
+from config.mesh import mesh_plan
 from config.model import ClusterConfig
 
 
@@ -32,8 +36,6 @@ def plan(config: ClusterConfig) -> str:
             f"hugepages-2Mi {res.hugepages_2mi_mib} MiB")
     lines.append(f"  world size {config.world_size} (one Ray Train worker per GPU, {config.cpus_per_worker} CPU each), "
                  f"gradient accumulation {config.grad_accumulation}")
-    from workloads.fsdp_finetune.topology import mesh_plan  # no torch import until a mesh is built
-
     mesh = mesh_plan(config)
     where = ("shard within each node, replicate across nodes" if mesh.sharding == "hybrid"
              else "one group over all ranks")
@@ -52,12 +54,20 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:g}"
 
 
+def check(file: str | None) -> ClusterConfig:
+    """Load and validate the variable file (exit 2 with one line per problem on stderr), print OK and its plan."""
+    config = load_or_exit(file)
+    print(f"{resolve_path(file)}: OK")
+    print(plan(config))
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit 0 with the plan, or 2 with one line per problem on stderr."""
     parser = argparse.ArgumentParser(prog="python -m config", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="validate a variable file and print its plan")
-    check.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    check_cmd = sub.add_parser("check", help="validate a variable file and print its plan")
+    check_cmd.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
     reference = sub.add_parser("reference", help="print the field reference table (README)")
     reference.add_argument("--write", metavar="README", help="update the table in this file instead")
     args = parser.parse_args(argv)
@@ -71,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(reference_table())
         return 0
-    config = load_or_exit(args.file)
-    print(f"{resolve_path(args.file)}: OK")
-    print(plan(config))
-    from workloads.fsdp_finetune.data import dataset_epochs  # here: the config package loads without the workload
-
-    dataset_epochs(config.job, world_size=config.world_size, local_only=True)
+    check(args.file)
     return 0
 
 

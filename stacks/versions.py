@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from constructs import Construct
 
 from config.k8s import KUBERAY_NAMESPACE
-from config.model import kubectl_layer_module
+from config.versions import CLUSTER_AUTOSCALER_CHARTS, kubectl_layer_module
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,10 +55,9 @@ KUBERAY_CHART = "kuberay-operator"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
 
 
-# Cluster Autoscaler releases track Kubernetes minors (CA 1.34.x for EKS 1.34). Seen in kubernetes/autoscaler
-# gh-pages index.yaml (entries to 2026-03-02): chart 9.53.0 is the newest with appVersion 1.34.x (1.34.2);
-# 9.54.0 and later ship 1.35. One chart per supported minor: a new minor needs its line here.
-CLUSTER_AUTOSCALER_CHARTS = {"1.34": ("9.53.0", "v1.34.2")}
+# The Cluster Autoscaler chart and image per Kubernetes minor (CLUSTER_AUTOSCALER_CHARTS) are pinned in
+# config/versions.py, with where each version was seen: the variable file's validation refuses a minor
+# without a pin, and `config` reads nothing from the stacks.
 CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 
 
@@ -66,7 +65,7 @@ def cluster_autoscaler(kubernetes_version: str) -> tuple[ChartPin, str]:
     """The Cluster Autoscaler chart and image tag matched to the cluster's Kubernetes minor version."""
     if kubernetes_version not in CLUSTER_AUTOSCALER_CHARTS:
         raise KeyError(f"no Cluster Autoscaler chart pinned for Kubernetes {kubernetes_version}; add one to "
-                       "CLUSTER_AUTOSCALER_CHARTS in stacks/versions.py")
+                       "CLUSTER_AUTOSCALER_CHARTS in config/versions.py")
     chart_version, image_tag = CLUSTER_AUTOSCALER_CHARTS[kubernetes_version]
     pin = ChartPin(chart="cluster-autoscaler", repository="https://kubernetes.github.io/autoscaler",
                    version=chart_version, release="cluster-autoscaler", namespace="kube-system")

@@ -477,11 +477,9 @@ def test_every_field_in_shipped_files_is_commented(path):
 
 
 def test_kubernetes_minor_without_an_autoscaler_pin_is_refused(tmp_path, monkeypatch):
-    import config.model as model
+    import config.versions as versions
 
-    versions = tmp_path / "versions.py"
-    versions.write_text('CLUSTER_AUTOSCALER_CHARTS = {"1.33": ("9.50.1", "v1.33.0")}\n')
-    monkeypatch.setattr(model, "_VERSIONS_FILE", versions)
+    monkeypatch.setattr(versions, "CLUSTER_AUTOSCALER_CHARTS", {"1.33": ("9.50.1", "v1.33.0")})
     lines = refused(tmp_path)
     assert paths_of(lines) == ["cluster.kubernetes_version"]
     assert "no Cluster Autoscaler chart is pinned for Kubernetes 1.34 (pinned: 1.33)" in lines[0]

@@ -492,20 +492,20 @@ def test_dataset_epochs_counts_formatted_tokens_and_warns_above_the_threshold(as
     calm = settings.model_copy(update={"max_epochs_warning": epochs + 0.01})
     assert data.dataset_epochs(calm, world_size=2, tokenizer=tokenizer) == pytest.approx(epochs)
     assert "warning" not in capsys.readouterr().err
-    # Not on this machine: `config check` skips it; nothing is read or printed.
+    # Not on this machine: `workloads.check` skips it; nothing is read or printed.
     assert data.dataset_epochs(job(dataset="yahma/alpaca-cleaned"), world_size=2, local_only=True) is None
     assert capsys.readouterr() == ("", "")
 
 
-def test_config_check_shows_the_epochs_of_a_local_dataset(assets, tmp_path, capsys):
-    from config.__main__ import main as config_main
+def test_workloads_check_shows_the_epochs_of_a_local_dataset(assets, tmp_path, capsys):
     from tests.helpers import write_variant
+    from workloads.check import main as check_main
 
     path = write_variant(tmp_path, {"job": {"model": str(assets.model_dir), "dataset": str(assets.dataset_path),
                                             "instruction_field": "instruction", "response_field": "response",
                                             "input_field": None,
                                             "seq_len": 64, "max_steps": 30, "warmup_steps": 2}})
-    assert config_main(["check", str(path)]) == 0
+    assert check_main([str(path)]) == 0
     out, err = capsys.readouterr()
     assert "world size 8" in out and "tokens after formatting" in out
     # 30 steps x 64 blocks on a few hundred blocks (world size 8 x micro-batch 4 per round): several epochs.

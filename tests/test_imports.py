@@ -1,4 +1,5 @@
-"""No import circles among the project's modules (found by reading the sources, nothing is imported).
+"""No import circles among the project's modules, and imports run one way: `config` knows nothing of
+`workloads`, `stacks` or `charts` (found by reading the sources; one test runs `python -m config check`).
 
 Every `import` counts, also one inside a function or under `TYPE_CHECKING`: a lazy import hides a
 circle from Python but not from the reader, and makes the next top-level import a crash.
@@ -7,6 +8,9 @@ circle from Python but not from the reader, and makes the next top-level import 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.helpers import REPO
@@ -89,3 +93,64 @@ def test_cycles_are_found():
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+# ---- one way: config knows nothing of the floors above it ------------------------------------------------
+
+UPPER = ("workloads", "stacks", "charts")
+_UPPER_PATH = re.compile(rf"^({'|'.join(UPPER)})([./]\w|$)")
+
+
+def upward_imports(graph: dict[str, set[str]], package: str = "config") -> list[tuple[str, str]]:
+    """(module, target) for each import from `package` into a floor above it."""
+    return sorted((name, target) for name, targets in graph.items()
+                  if name == package or name.startswith(f"{package}.")
+                  for target in targets if target.split(".")[0] in UPPER)
+
+
+def upward_references(source: str) -> list[str]:
+    """String constants (docstrings aside) that name an upper package's file or module: a path part such as
+    `"stacks"`, `"stacks/versions.py"` or a dotted name for `importlib` (how a file is read without an import)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted(node.value for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  and _UPPER_PATH.match(node.value))
+
+
+def test_upward_imports_are_found():
+    graph = {"config.a": {"config.b", "workloads.fsdp_finetune.data"}, "config": {"stacks.versions"},
+             "configure": {"charts.ray"}, "stacks.versions": {"config.versions"}}
+    assert upward_imports(graph) == [("config", "stacks.versions"), ("config.a", "workloads.fsdp_finetune.data")]
+
+
+def test_upward_file_reads_are_found():
+    source = ('"""Reads stacks/versions.py."""\n'
+              'VERSIONS = Path(__file__).parent.parent / "stacks" / "versions.py"\n'
+              'OTHER = REPO / "charts/ray.py"\n'
+              'mod = importlib.import_module("workloads.fsdp_finetune.data")\n'
+              'note = "add it to stacks/versions.py"\n')
+    assert upward_references(source) == ["charts/ray.py", "stacks", "workloads.fsdp_finetune.data"]
+
+
+def test_config_imports_nothing_from_workloads_stacks_or_charts():
+    graph = import_graph()
+    assert "config.mesh" in graph["config.__main__"]  # the graph sees config's own edges
+    assert upward_imports(graph) == []
+
+
+def test_config_reads_no_file_of_workloads_stacks_or_charts():
+    found = {path.name: refs for path in sorted((REPO / "config").rglob("*.py"))
+             if (refs := upward_references(path.read_text()))}
+    assert found == {}
+
+
+def test_config_check_loads_no_module_of_the_floors_above():
+    code = ("import sys; from config.__main__ import main; main(['check']); "
+            f"print(sorted({{m for m in sys.modules if m.split('.')[0] in {UPPER!r}}}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "sharding hybrid" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "[]"
