@@ -2,7 +2,7 @@
 
 The file is `-c config=FILE`, else $CLUSTER_CONFIG, else config/cluster.yaml. A bad file prints
 one `FILE: field: problem` line each and exits 2 before anything is written. `-c nag=true` adds
-cdk-nag's AwsSolutions checks.
+cdk-nag's AwsSolutions checks. Every template's Metadata names the file and its SHA-256.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from __future__ import annotations
 import aws_cdk as cdk
 
 from config import load_or_exit
+from config.cli import provenance
 from stacks import build
+
+CONFIG_METADATA = "RayEfaConfig"
 
 
 def main() -> None:
@@ -19,6 +22,9 @@ def main() -> None:
     path = app.node.try_get_context("config")
     config = load_or_exit(path)
     build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
+    source = provenance(path)
+    for stack in (child for child in app.node.children if isinstance(child, cdk.Stack)):
+        stack.template_options.metadata = {**(stack.template_options.metadata or {}), CONFIG_METADATA: source}
     app.synth()
 
 

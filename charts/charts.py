@@ -21,10 +21,13 @@ from constructs import Construct
 from charts import bundle, policy, ray
 from charts.checkov import checkov_skips
 from charts.models import RayCluster, RayJob
+from config.cli import provenance
 from config.k8s import GPU_TAINT
 from config.loader import REPO_ROOT
 from config.model import ClusterConfig
 
+CONFIG_FILE_ANNOTATION = "ray-efa.io/config-file"
+CONFIG_SHA256_ANNOTATION = "ray-efa.io/config-sha256"
 BASE_CHART = "ray-base"
 CLUSTER_CHART = "ray-cluster"
 JOB_CHART = "ray-job"
@@ -189,6 +192,13 @@ def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
     RayBaseChart(app, BASE_CHART, inputs=inputs)
     RayClusterChart(app, CLUSTER_CHART, inputs=inputs)
     RayJobChart(app, JOB_CHART, inputs=inputs)
+    # Which variable file (and which bytes of it) made these objects; on the objects themselves, not their
+    # pod templates, so `kubectl get -o yaml` shows it and an edit of the file restarts no pod.
+    source = provenance(inputs.config_file)
+    for chart in app.charts:
+        for obj in chart.api_objects:
+            obj.metadata.add_annotation(CONFIG_FILE_ANNOTATION, source["file"])
+            obj.metadata.add_annotation(CONFIG_SHA256_ANNOTATION, source["sha256"])
     return app
 
 

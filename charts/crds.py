@@ -122,8 +122,15 @@ def _cache(data: bytes, file: str, repo_root: Path) -> Path:
     return folder / file
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Resolve every pinned CRD; one line per file that had to be downloaded; exit 2 with the reason on failure."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m charts.crds",
+        description=f"Find KubeRay {VERSION}'s CRDs ({', '.join(SHA256)}), verify their pinned SHA-256 and cache "
+                    f"them: ${DIR_ENV}, then ../shared/kuberay, then .cache/kuberay/v{VERSION}/, else a download from "
+                    f"${BASE_URL_ENV} (README: KubeRay CRDs).").parse_args(argv)
     for file in SHA256:
         try:
             _, downloaded = resolve(file)

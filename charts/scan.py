@@ -48,10 +48,13 @@ def main(argv: list[str]) -> int:
 
     One folder, so checkov's graph checks see the NetworkPolicies and the pods they select together.
     """
-    if len(argv) != 2:
-        print("usage: python -m charts.scan DIST OUT", file=sys.stderr)
-        return 2
-    dist, out = Path(argv[0]), Path(argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m charts.scan", description=main.__doc__.split("\n")[0])
+    parser.add_argument("dist", type=Path, metavar="DIST", help="folder of synthesized manifests (dist)")
+    parser.add_argument("out", type=Path, metavar="OUT", help="folder checkov scans (replaced *.k8s.yaml)")
+    args = parser.parse_args(argv)
+    dist, out = args.dist, args.out
     objects = [o for f in sorted(dist.glob("*.k8s.yaml")) for o in yaml.safe_load_all(f.read_text()) if o]
     if not objects:
         print(f"{dist}: no manifests; run `make synth-k8s` first", file=sys.stderr)

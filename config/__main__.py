@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from config.catalog import load_catalog
+from config.cli import add_file_argument, chosen_file
 from config.loader import load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m config", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     check_cmd = sub.add_parser("check", help="validate a variable file and print its plan")
-    check_cmd.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(check_cmd)
     reference = sub.add_parser("reference", help="print the field reference table (README)")
     reference.add_argument("--write", metavar="README", help="update the table in this file instead")
     args = parser.parse_args(argv)
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(reference_table())
         return 0
-    check(args.file)
+    check(chosen_file(check_cmd, args))
     return 0
 
 

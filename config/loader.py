@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from config.hints import did_you_mean, fields_at
 from config.model import ClusterConfig, Problem
+from config.yaml_source import Source, YamlProblem, number_as_written, parse
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = REPO_ROOT / "config" / "cluster.yaml"
@@ -20,10 +23,19 @@ ENV_VAR = "CLUSTER_CONFIG"
 class ConfigError(Exception):
     """A variable file that cannot be used; `str()` gives one `FILE: path: message` line per problem."""
 
-    def __init__(self, file: Path | str, problems: list[Problem]):
+    def __init__(self, file: Path | str, problems: list[Problem], source: Source | None = None):
         self.file = str(file)
         self.problems = problems
-        super().__init__("\n".join(f"{self.file}: {p.path}: {p.message}" for p in problems))
+        super().__init__("\n".join(f"{self.file}: {p.path}: {p.message}{_at(source, p.path)}" for p in problems))
+
+
+def _at(source: Source | None, dotted: str) -> str:
+    """` (line L, column C)` of a dotted field path in the file, where the file has it or a parent of it."""
+    if source is None or dotted.startswith("("):
+        return ""
+    path = tuple(int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]", dotted) if p)
+    where = source.where(path)
+    return f" (line {where.line}, column {where.column})" if where and path else ""
 
 
 def resolve_path(path: str | os.PathLike | None = None) -> Path:
@@ -41,12 +53,16 @@ def load_config(path: str | os.PathLike | None = None) -> ClusterConfig:
         raise ConfigError(file, [Problem(path="(file)", message=f"cannot read: {exc.strerror}; "
                                          f"check the path or set {ENV_VAR}")]) from None
     try:
-        data = yaml.safe_load(text)
+        source = parse(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
         reason = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(file, [Problem(path=where, message=f"malformed YAML: {reason}; fix the syntax")]) from None
+    except YamlProblem as exc:
+        where = f"line {exc.where.line}, column {exc.where.column}"
+        raise ConfigError(file, [Problem(path=where, message=exc.message)]) from None
+    data = source.data
     if data is None:
         raise ConfigError(file, [Problem(path="(file)", message="the file is empty; start from config/cluster.yaml")])
     if not isinstance(data, dict):
@@ -55,24 +71,32 @@ def load_config(path: str | os.PathLike | None = None) -> ClusterConfig:
     try:
         config = ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(file, [_problem(e) for e in exc.errors()]) from None
+        raise ConfigError(file, [_problem(e, source) for e in exc.errors()], source) from None
     problems = config.cross_field_problems()
     if problems:
-        raise ConfigError(file, problems)
+        raise ConfigError(file, problems, source)
     return config
 
 
-def _problem(error: dict) -> Problem:
-    path = ".".join(str(part) for part in error["loc"]) or "(file)"
+def _problem(error: dict, source: Source) -> Problem:
+    loc = tuple(error["loc"])
+    path = ".".join(str(part) for part in loc) or "(file)"
     kind = error["type"]
+    value = error.get("input")
     if kind == "extra_forbidden":
-        message = "unknown key (typo?); see the field reference in README.md"
+        hint = did_you_mean(str(loc[-1]), fields_at(ClusterConfig, loc[:-1]))
+        message = f"unknown key{hint or ' (typo?)'}; see the field reference in README.md"
     elif kind == "missing":
         message = "required field is missing; add it (see config/cluster.yaml)"
     else:
         message = error["msg"].removeprefix("Value error, ")
-        if "input" in error and not isinstance(error["input"], (dict, list)):
-            message += f" (got {error['input']!r})"
+        written = number_as_written(source.where(loc) if loc in source.places else None, value)
+        if kind == "string_type" and written is not None:
+            message = f"YAML reads {written} as the number {value!r}; put it in quotes: \"{written}\""
+        elif "input" in error and not isinstance(value, (dict, list)):
+            message += f" (got {value!r})"
+            if kind == "literal_error" and isinstance(value, str):
+                message += did_you_mean(value, re.findall(r"'([^']*)'", error.get("ctx", {}).get("expected", "")))
     return Problem(path=path, message=message)
 
 

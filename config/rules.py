@@ -9,6 +9,7 @@ from pathlib import Path
 from config.base import Problem
 from config.catalog import load_catalog
 from config.cluster_fields import WorkerGroup
+from config.hints import did_you_mean
 from config.resources import _SYSTEM_PODS_CPU_M, _SYSTEM_PODS_MEM_MIB, _allocatable
 from config.s3 import _ACCOUNT_ID_CHARS, S3_BUCKET_NAME_MAX
 from config.versions import (
@@ -86,7 +87,7 @@ class RulesMixin:
         system = self.cluster.system_nodes
         system_type = catalog.get(system.instance_type)
         if system_type is None:
-            add("cluster.system_nodes.instance_type", _unknown_type(system.instance_type))
+            add("cluster.system_nodes.instance_type", _unknown_type(system.instance_type, gpu=False))
         if system.nodes < 1:
             add("cluster.system_nodes.nodes", "must be at least 1; the Ray head runs there")
         if system_type is not None:
@@ -180,7 +181,7 @@ class RulesMixin:
             add(f"{base}.capacity_reservation_id", "only used with capacity: capacity_block; remove it")
         itype = load_catalog().get(group.instance_type)
         if itype is None:
-            add(f"{base}.instance_type", _unknown_type(group.instance_type))
+            add(f"{base}.instance_type", _unknown_type(group.instance_type, gpu=True))
             return problems
         if itype.gpus == 0:
             add(f"{base}.instance_type", f"{itype.name} has no GPU; pick a GPU type such as g6.12xlarge")
@@ -207,8 +208,11 @@ class RulesMixin:
         return problems
 
 
-def _unknown_type(name: str) -> str:
-    return f"unknown instance type '{name}'; use one listed in config/instances.yaml"
+def _unknown_type(name: str, *, gpu: bool) -> str:
+    instances = load_catalog().instances
+    known = sorted(n for n, t in instances.items() if (t.gpus > 0) == gpu)
+    return (f"unknown instance type '{name}'{did_you_mean(name, known)}; config/instances.yaml lists "
+            f"{'GPU' if gpu else 'system'} types {', '.join(known)}")
 
 
 def requirement_name(requirement: str) -> str:

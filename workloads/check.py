@@ -11,15 +11,16 @@ from __future__ import annotations
 import argparse
 
 from config.__main__ import check
+from config.cli import add_file_argument, chosen_file
 from workloads.fsdp_finetune.data import dataset_epochs
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 with the plan and the data line, or 2 with one line per problem on stderr."""
     parser = argparse.ArgumentParser(prog="python -m workloads.check", description=__doc__.split("\n")[0])
-    parser.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(parser)
     args = parser.parse_args(argv)
-    config = check(args.file)
+    config = check(chosen_file(parser, args))
     dataset_epochs(config.job, world_size=config.world_size, local_only=True)
     return 0
 

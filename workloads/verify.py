@@ -31,6 +31,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from config.cli import add_file_argument, chosen_file
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
 from config.k8s import EFA_RESOURCE as EFA
 from config.k8s import GPU_RESOURCE as GPU
@@ -437,7 +438,7 @@ def gather(config, *, kubeconfig: str | None = None, context: str | None = None,
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: 0 all passed, 1 a check failed, 2 cluster unreachable or bad variable file."""
     parser = argparse.ArgumentParser(prog="python -m workloads.verify", description="Verify a deployed cluster.")
-    parser.add_argument("--config", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
     parser.add_argument("--namespace", help="Ray namespace (default: ray.namespace)")
@@ -445,12 +446,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from config import load_or_exit
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(chosen_file(parser, args))
     try:
         snapshot = gather(config, kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
     except Exception as exc:  # noqa: BLE001 - any client/config error means we could not look
         print(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
-              "  fix: aws eks update-kubeconfig --name <cluster.name> --region <region>, or pass --kubeconfig",
+              f"  fix: aws eks update-kubeconfig --name {config.cluster.name} --region {config.region}, "
+              "or pass --kubeconfig",
               file=sys.stderr)
         return 2
     rows = evaluate(config, **snapshot)

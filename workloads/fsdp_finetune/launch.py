@@ -1,6 +1,6 @@
 """`main()`: validate the job, build Ray Train's configs from the variable file, run `fit()`.
 
-    python -m workloads.fsdp_finetune [--config FILE] [--storage-path URI] [--max-steps N]
+    python -m workloads.fsdp_finetune [FILE] [--storage-path URI] [--max-steps N]
     python -m workloads.fsdp_finetune --local --output-dir DIR [--max-steps N]
 
 On the cluster the job comes from the variable file and checkpoints go to the stacks' S3 bucket.
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import load_or_exit, resolve_path
+from config.cli import add_file_argument, chosen_file
 from config.model import ClusterConfig, JobConfig
 from workloads.fsdp_finetune.data import dataset_epochs
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
@@ -294,7 +295,7 @@ class DriverProgress:
             while True:
                 stopping = self._stop.wait(self.interval_s)
                 try:
-                    records = read_metrics(self.path)
+                    records = [r for r in read_metrics(self.path) if "loss" in r]  # not step 0's held-out row
                 except (OSError, ValueError):  # a line being written
                     records = []
                 if records:
@@ -309,7 +310,7 @@ class DriverProgress:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m workloads.fsdp_finetune", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=None, help="variable file (default: $CLUSTER_CONFIG or the default)")
+    add_file_argument(parser)
     parser.add_argument("--local", action="store_true", help="run the embedded tiny job on this machine's CPUs")
     parser.add_argument("--output-dir", default="out/local", help="local mode: metrics, plot, checkpoints, model")
     parser.add_argument("--max-steps", type=int, default=None, help="override job.max_steps")
@@ -318,7 +319,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "cluster, DIR locally)")
     parser.add_argument("--verbose", action="store_true",
                         help="local mode: print Ray's and the workers' output too (always in DIR/ray.log)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.config = chosen_file(parser, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,8 +400,18 @@ def _main_local(args, config: ClusterConfig) -> int:
         plan.storage_path = args.storage_path
     problems = validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE)
     refuse(problems or [p for p in [resume_problem(plan, source=LOCAL_SOURCE)] if p])
-    dataset_epochs(plan.job, world_size=plan.num_workers)
     out = Path(args.output_dir).resolve()
+    done = latest_checkpoint_step(plan.storage_path, plan.job.run_name)
+    if done == plan.job.max_steps and (Path(plan.export_uri) / "config.json").exists():
+        # A rerun on a finished folder would resume at the end and train nothing: say so instead.
+        print(f"{_shown(out)} already holds a finished run ({done} of {plan.job.max_steps} steps); nothing to "
+              f"train.\n{_outputs(out, plan)}\nto train again: make clean && make demo (or "
+              f"make demo DEMO_DIR={_shown(out)}-2, or --output-dir DIR)")
+        return 0
+    if done:
+        print(f"resuming the run in {_shown(out)} from its checkpoint at step {done} of {plan.job.max_steps} "
+              "(make clean to start over)", flush=True)
+    dataset_epochs(plan.job, world_size=plan.num_workers)
     print(f"local run: {plan.job.max_steps} steps of {plan.job.global_batch_size} x {plan.job.seq_len} tokens on "
           f"{plan.num_workers} CPU workers; output in {out}", flush=True)
 
@@ -420,8 +433,9 @@ def _main_local(args, config: ClusterConfig) -> int:
     from workloads.fsdp_finetune.tracking import LOSS_PLOT
 
     png = out / LOSS_PLOT  # drawn by rank 0 beside metrics.jsonl and the TensorBoard events
-    records = read_metrics(plan.metrics_path)
-    held_out = [r for r in records if "eval_loss" in r]
+    rows = read_metrics(plan.metrics_path)
+    records = [r for r in rows if "loss" in r]
+    held_out = [r for r in rows if "eval_loss" in r]
     after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
     summary = {
         "train_loss_first": records[0]["loss"] if records else None,
@@ -444,6 +458,34 @@ def _main_local(args, config: ClusterConfig) -> int:
     print(f"after training:  held-out exact match {after['exact_match']:.1%}, loss {after['loss']:.3f}")
     print(f"training loss {summary['train_loss_first']:.3f} -> {summary['train_loss_last']:.3f}; "
           f"{summary['wall_time_s']:.0f} s in all")
-    print(json.dumps(summary))
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    print(_outputs(out, plan))
     print(run_log.where())
+    print("next: open loss.png; `tensorboard --logdir " + _shown(out) + "`; then plan a real job with "
+          "`python -m workloads.plan` and deploy (README: Deploy)")
     return 0
+
+
+SUMMARY_FILE = "summary.json"
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when inside it (what a user typed), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _outputs(out: Path, plan: RunPlan) -> str:
+    """The lines that say where a local run's results are."""
+    from workloads.fsdp_finetune.tracking import LOSS_PLOT
+
+    return "\n".join([
+        f"outputs in {_shown(out)}/:",
+        f"  model/          the fine-tuned model (transformers from_pretrained), from {plan.job.run_name}'s last step",
+        f"  {LOSS_PLOT:<15} training and held-out loss, learning rate",
+        "  metrics.jsonl   one row per report; TensorBoard events beside it",
+        f"  {SUMMARY_FILE:<15} before/after exact match and loss, wall time",
+        f"  {plan.job.run_name}/  checkpoints (a rerun resumes from the last)",
+    ])

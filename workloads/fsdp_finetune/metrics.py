@@ -92,30 +92,35 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def plot_loss(metrics_path: str | os.PathLike, png_path: str | os.PathLike, *, title: str = "") -> Path | None:
-    """Draw training and held-out loss (and learning rate, right axis) against step into a PNG; None if no rows."""
+    """Draw training and held-out loss (log scale; held-out from step 0) and the learning rate (right axis)
+    against step into a PNG, every line in one legend; None if there are no rows."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a worker or in CI
     import matplotlib.pyplot as plt
 
-    records = [r for r in read_metrics(metrics_path) if "loss" in r]
+    rows = read_metrics(metrics_path)
+    records = [r for r in rows if "loss" in r]
     if not records:
         return None
     steps = [r["step"] for r in records]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot(steps, [r["loss"] for r in records], color="tab:blue", marker=".", label="training loss")
-    held_out = [r for r in records if r.get("eval_loss") is not None]
+    held_out = [r for r in rows if r.get("eval_loss") is not None]  # step 0's row has no training loss
     if held_out:
         ax.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], color="tab:green", marker="o",
                 label="held-out loss")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (mean token cross-entropy)")
-    ax.grid(alpha=0.3)
+    ax.set_ylabel("loss (mean token cross-entropy, log scale)")
+    # Loss falls by orders of magnitude in a fine-tune; a linear axis squeezes the end into a few pixels.
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    lines = ax.get_lines()
     if all("lr" in r for r in records):
         ax2 = ax.twinx()
-        ax2.plot(steps, [r["lr"] for r in records], color="tab:orange", alpha=0.6, label="learning rate")
+        lines += ax2.plot(steps, [r["lr"] for r in records], color="tab:orange", alpha=0.6, label="learning rate")
         ax2.set_ylabel("learning rate")
-    ax.legend(loc="upper right")
+    ax.legend(lines, [line.get_label() for line in lines], loc="upper right")
     ax.set_title(title or "loss")
     fig.tight_layout()
     png_path = Path(png_path)

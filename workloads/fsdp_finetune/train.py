@@ -265,6 +265,12 @@ def train_func(config: dict) -> None:
     window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
     window_loss, window_label_tokens = [], []
     last_grad_norm = torch.zeros(())
+    if held_out is not None and step == 0:
+        # The untrained model's held-out loss: the curve's starting point (a collective: every rank scores).
+        baseline = {"step": 0, **held_out(model, device)}
+        if tracker is not None:
+            tracker.log(baseline)
+        window_start = time.perf_counter()
 
     while step < job["max_steps"]:
         _maybe_fail(config, step, rank, world)

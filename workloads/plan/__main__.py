@@ -11,11 +11,12 @@ from workloads.plan import DEFAULT_EFFICIENCY, RESERVE_GIB, PlanRefusal, make_pl
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 with the plan; 2 when the job does not fit (or the file or the model is unusable)."""
+    from config.cli import add_file_argument, chosen_file
     from config.loader import load_or_exit, resolve_path
     from workloads.plan.architectures import ArchitectureError
 
     parser = argparse.ArgumentParser(prog="python -m workloads.plan", description=__doc__.split(":")[0])
-    parser.add_argument("file", nargs="?", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY,
                         help=f"fraction of the GPU's dense bf16 peak sustained (default {DEFAULT_EFFICIENCY})")
@@ -27,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.efficiency <= 1:
         parser.error("--efficiency must be in (0, 1]")
-    file = str(resolve_path(args.file))
-    config = load_or_exit(args.file)
+    chosen = chosen_file(parser, args)
+    file = str(resolve_path(chosen))
+    config = load_or_exit(chosen)
     try:
         plan = make_plan(config, efficiency=args.efficiency, reserve_gib=args.reserve_gib)
     except ArchitectureError as exc:

@@ -6,11 +6,13 @@ import argparse
 import os
 import sys
 
+from config.cli import add_file_argument, chosen_file
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the preflight, print the table (or JSON); 0 when every check passed."""
     parser = argparse.ArgumentParser(prog="python -m workloads.preflight", description=__doc__)
-    parser.add_argument("--config", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(parser)
     parser.add_argument("--local", action="store_true", help="local Ray cluster, 2 CPU workers over gloo")
     parser.add_argument("--expect-transport", choices=("efa", "socket"),
                         help="transport to require (default: nccl.transport on a cluster, none locally)")
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from config import load_or_exit
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(chosen_file(parser, args))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from workloads.preflight.runner import run_preflight
 
