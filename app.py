@@ -22,10 +22,15 @@ def main() -> None:
     path = app.node.try_get_context("config")
     config = load_or_exit(path)
     build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
+    record_source(app, path)
+    app.synth()
+
+
+def record_source(app: cdk.App, path: str | None) -> None:
+    """Name the variable file and its SHA-256 in every stack's template Metadata (no resource changes)."""
     source = provenance(path)
     for stack in (child for child in app.node.children if isinstance(child, cdk.Stack)):
         stack.template_options.metadata = {**(stack.template_options.metadata or {}), CONFIG_METADATA: source}
-    app.synth()
 
 
 if __name__ == "__main__":

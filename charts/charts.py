@@ -196,7 +196,7 @@ def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
     # pod templates, so `kubectl get -o yaml` shows it and an edit of the file restarts no pod.
     source = provenance(inputs.config_file)
     for chart in app.charts:
-        for obj in chart.api_objects:
+        for obj in (c for c in chart.node.find_all() if cdk8s.ApiObject.is_api_object(c)):
             obj.metadata.add_annotation(CONFIG_FILE_ANNOTATION, source["file"])
             obj.metadata.add_annotation(CONFIG_SHA256_ANNOTATION, source["sha256"])
     return app

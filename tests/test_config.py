@@ -452,8 +452,10 @@ def test_cli_subprocess_exit_code_and_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "config", "check", str(path)], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"{path}: cluster.worker_groups.0.instance_type: unknown instance type "
-                                   "'x9.large'; use one listed in config/instances.yaml")
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"{path}: cluster.worker_groups.0.instance_type: unknown instance type 'x9.large'")
+    assert "; config/instances.yaml lists GPU types " in line
+    assert "g6.12xlarge" in line and "m7i.xlarge" not in line and "Traceback" not in proc.stderr
 
 
 # ---- README -------------------------------------------------------------------------------

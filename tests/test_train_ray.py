@@ -66,13 +66,16 @@ def reference(cluster, root):
 
 def test_loss_falls_and_held_out_score_improves(reference):
     plan, assets, _ = reference
-    records = read_metrics(plan.metrics_path)
-    # Reports every 2 steps, plus the held-out loss every 5 (an off-report step reports too) and at the end.
-    assert [r["step"] for r in records] == [2, 4, 5, 6, 8, 10, 12]
-    assert [r["step"] for r in records if "eval_loss" in r] == [5, 10, 12]
-    held_out = [r["eval_loss"] for r in records if "eval_loss" in r]
-    assert held_out[-1] < held_out[0]
-    assert all(r["eval_tokens"] == records[-1]["eval_tokens"] > 0 for r in records if "eval_loss" in r)
+    rows = read_metrics(plan.metrics_path)
+    # The untrained model's held-out loss at step 0 (no training figures), then reports every 2 steps, plus the
+    # held-out loss every 5 (an off-report step reports too) and at the end.
+    assert [r["step"] for r in rows] == [0, 2, 4, 5, 6, 8, 10, 12]
+    assert "loss" not in rows[0] and "eval_loss" in rows[0]
+    records = rows[1:]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 5, 10, 12]
+    held_out = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    assert held_out[-1] < held_out[1] < held_out[0]
+    assert all(r["eval_tokens"] == records[-1]["eval_tokens"] > 0 for r in rows if "eval_loss" in r)
     assert records[-1]["loss"] < 0.7 * records[0]["loss"]
     for key in ("lr", "grad_norm", "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s"):
         assert records[-1][key] > 0, key

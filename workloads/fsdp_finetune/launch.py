@@ -487,5 +487,5 @@ def _outputs(out: Path, plan: RunPlan) -> str:
         f"  {LOSS_PLOT:<15} training and held-out loss, learning rate",
         "  metrics.jsonl   one row per report; TensorBoard events beside it",
         f"  {SUMMARY_FILE:<15} before/after exact match and loss, wall time",
-        f"  {plan.job.run_name}/  checkpoints (a rerun resumes from the last)",
+        f"  {plan.job.run_name + '/':<15} checkpoints (a rerun resumes from the last)",
     ])
