@@ -28,8 +28,17 @@ from config.k8s import EFA_RESOURCE, GPU_RESOURCE
 from stacks.versions import NODE_MONITORING_AGENT_CHART
 from tests.helm import template as helm_template
 from tests.helpers import EXAMPLES
-from tests.placement import (NodeGroup, Workload, daemonsets_on, free_for_pods, node_groups, placeable,
-                             pod_requests, shortfall, workloads)
+from tests.placement import (
+    NodeGroup,
+    Workload,
+    daemonsets_on,
+    free_for_pods,
+    node_groups,
+    placeable,
+    pod_requests,
+    shortfall,
+    workloads,
+)
 from tests.stack_synth import synth, variant_file
 
 # config/cluster.yaml (the "default" variant) and every example. tests/stack_synth.py's "socket" variant is the
