@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from config.catalog import load_catalog
-from config.k8s import EFA_RESOURCE, GPU_RESOURCE, HUGEPAGES_RESOURCE, WORKER_GROUP_LABEL, cfn_taint_effect
+from config.k8s import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    HUGEPAGES_RESOURCE,
+    ROLE_LABEL,
+    WORKER_GROUP_LABEL,
+    cfn_taint_effect,
+)
 
 # ---- quantities ---------------------------------------------------------------------------------
 
@@ -175,7 +182,8 @@ def node_groups(template: dict) -> list[NodeGroup]:
                     **({HUGEPAGES_RESOURCE: Fraction(pages * 2 * MIB)} if pages else {}),
                     **({GPU_RESOURCE: Fraction(itype.gpus)} if itype.gpus else {}),
                     **({EFA_RESOURCE: Fraction(itype.efa_interfaces)} if itype.efa_interfaces else {})}
-        groups.append(NodeGroup(name=labels.get(WORKER_GROUP_LABEL, logical_id), instance_type=itype_name,
+        name = labels.get(WORKER_GROUP_LABEL) or labels.get(ROLE_LABEL) or logical_id
+        groups.append(NodeGroup(name=name, instance_type=itype_name,
                                 labels=labels, taints=taints, capacity=capacity, is_gpu=bool(itype.gpus)))
     return groups
 
@@ -186,13 +194,11 @@ def tolerates(toleration: dict, taint: dict) -> bool:
     """`ToleratesTaint`."""
     if toleration.get("effect") and toleration["effect"] != taint["effect"]:
         return False
-    operator = toleration.get("operator") or "Equal"
-    if toleration.get("key"):
-        if toleration["key"] != taint["key"]:
-            return False
-    elif operator != "Exists":
+    if toleration.get("key") and toleration["key"] != taint["key"]:
         return False
-    if operator == "Exists":
+    # An empty key with operator Equal gets here too; API validation refuses such a toleration
+    # (pkg/apis/core/validation: "operator must be Exists when `key` is empty").
+    if (toleration.get("operator") or "Equal") == "Exists":
         return True
     return (toleration.get("value") or "") == (taint.get("value") or "")
 
