@@ -141,13 +141,26 @@ def workload(name: str, key: str) -> Workload:
     return w
 
 
-def ray_pods(name: str) -> dict[str, dict]:
-    """The head's and each worker group's pod spec, from the RayCluster in dist/ (the RayJob's copy must match)."""
-    (cluster,) = [o for o in dist_objects(name) if o["kind"] == "RayCluster"]
-    spec = cluster["spec"]
-    pods = {"head": spec["headGroupSpec"]["template"]["spec"]}
-    pods.update({g["groupName"]: g["template"]["spec"] for g in spec["workerGroupSpecs"]})
-    return pods
+# KubeRay v1.7.0 appends this container to the head pod of a RayJob in SidecarMode
+# (ray-operator/controllers/ray/rayjob_controller.go, "Inject a submitter container into the head Pod";
+# its resources: ray-operator/controllers/ray/common/job.go `GetDefaultSubmitterContainer`).
+SIDECAR_SUBMITTER = {"name": "ray-job-submitter", "resources": {
+    "requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}
+
+
+def ray_pods(name: str) -> dict[str, dict[str, dict]]:
+    """By object (the RayCluster, the RayJob's own cluster): the head's and each worker group's pod spec as
+    KubeRay creates them."""
+    out = {}
+    for obj in dist_objects(name):
+        if obj["kind"] not in ("RayCluster", "RayJob"):
+            continue
+        spec = obj["spec"] if obj["kind"] == "RayCluster" else obj["spec"]["rayClusterSpec"]
+        head = spec["headGroupSpec"]["template"]["spec"]
+        if obj["kind"] == "RayJob" and obj["spec"].get("submissionMode") == "SidecarMode":
+            head = {**head, "containers": [*head["containers"], SIDECAR_SUBMITTER]}
+        out[obj["kind"]] = {"head": head, **{g["groupName"]: g["template"]["spec"] for g in spec["workerGroupSpecs"]}}
+    return out
 
 
 def fmt(need: dict) -> str:
@@ -195,15 +208,16 @@ def test_system_workload_is_never_placed_on_a_gpu_node(name, key):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_ray_head_is_placed_on_system_nodes_only(name):
-    head = ray_pods(name)["head"]
-    assert [g.is_gpu for g in groups(name) if placeable(head, g)] == [False]
+    for kind, pods in ray_pods(name).items():
+        assert [g.is_gpu for g in groups(name) if placeable(pods["head"], g)] == [False], kind
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_each_ray_worker_group_is_placed_on_its_own_node_group_only(name):
-    for group_name, spec in ray_pods(name).items():
-        if group_name != "head":
-            assert [g.name for g in groups(name) if placeable(spec, g)] == [group_name]
+    for kind, pods in ray_pods(name).items():
+        for group_name, spec in pods.items():
+            if group_name != "head":
+                assert [g.name for g in groups(name) if placeable(spec, g)] == [group_name], kind
 
 
 # ---- requests against allocatable ---------------------------------------------------------------
@@ -227,9 +241,11 @@ def test_system_deployment_fits_a_system_node_beside_its_daemonsets(name, key):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_ray_head_fits_a_system_node_beside_its_daemonsets(name):
-    for group in targets(name, "system"):
-        need = shortfall([pod_requests(ray_pods(name)["head"])], free_for_pods(group, all_workloads(name), ADVERTISED))
-        assert not need, f"Ray head on {group.name} ({group.instance_type}): {fmt(need)}"
+    """The RayJob's head includes KubeRay's submitter sidecar."""
+    for kind, pods in ray_pods(name).items():
+        for group in targets(name, "system"):
+            need = shortfall([pod_requests(pods["head"])], free_for_pods(group, all_workloads(name), ADVERTISED))
+            assert not need, f"{kind} head on {group.name} ({group.instance_type}): {fmt(need)}"
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -237,9 +253,10 @@ def test_ray_workers_of_a_node_fit_its_allocatable_beside_its_daemonsets(name):
     """`pods_per_node` worker pods on one node: CPU, memory, pod slots, and the GPUs, EFA devices and huge
     pages the device plugins and the node's user data make allocatable."""
     config = config_of(name)
-    pods = ray_pods(name)
-    for wg in config.cluster.worker_groups:
-        (group,) = [g for g in groups(name) if g.name == wg.name]
-        requests = [pod_requests(pods[wg.name])] * config.pods_per_node(wg)
-        need = shortfall(requests, free_for_pods(group, all_workloads(name), ADVERTISED))
-        assert not need, f"{config.pods_per_node(wg)} Ray worker pod(s) on {wg.name} ({wg.instance_type}): {fmt(need)}"
+    for kind, pods in ray_pods(name).items():
+        for wg in config.cluster.worker_groups:
+            (group,) = [g for g in groups(name) if g.name == wg.name]
+            requests = [pod_requests(pods[wg.name])] * config.pods_per_node(wg)
+            need = shortfall(requests, free_for_pods(group, all_workloads(name), ADVERTISED))
+            assert not need, (f"{kind}: {config.pods_per_node(wg)} Ray worker pod(s) on {wg.name} "
+                              f"({wg.instance_type}): {fmt(need)}")
