@@ -10,20 +10,29 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from config import ClusterConfig
-from config.k8s import system_node_labels
+from config.k8s import GPU_TAINT, system_node_labels
 from stacks.autoscaler import ClusterAutoscaler
 from stacks.efa_nodegroup import EfaNodeGroup
 from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
 from stacks.launch_template import system_launch_template
 from stacks.pod_identity import pod_identity_principal
-from stacks.versions import kubectl_layer
+from stacks.versions import kubectl_layer, managed_addon_version
 
 # The CloudWatch agent's service account, as the amazon-cloudwatch-observability add-on creates it.
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
 # Managed add-on settings. The VPC CNI's network-policy agent is off by default, and without it EKS
 # stores NetworkPolicies (the Ray pods' among them) but enforces none.
-ADDON_CONFIGURATION: dict[str, dict] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
+#
+# The node monitoring agent's `dcgm-server` DaemonSet (chart 1.7.0, values.yaml `dcgmAgent.tolerations: []`)
+# tolerates nothing, so it never lands on the GPU nodes' `nvidia.com/gpu=true:NoSchedule` taint. The agent then
+# reports DCGM errors, AcceleratedHardwareReady turns False, and node auto-repair cordons and reboots or
+# replaces every GPU node about 10 minutes after it joins (aws/containers-roadmap#2567, #2555). The agent's own
+# DaemonSet already tolerates everything (`nodeAgent.tolerations: [{operator: Exists}]`).
+ADDON_CONFIGURATION: dict[str, dict] = {
+    "vpc-cni": {"enableNetworkPolicy": "true"},
+    "eks-node-monitoring-agent": {"dcgmAgent": {"tolerations": [GPU_TAINT.toleration()]}},
+}
 
 
 def endpoint_access(config: ClusterConfig) -> eks.EndpointAccess:
@@ -49,6 +58,7 @@ class ClusterStack(cdk.Stack):
     def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, vpc: ec2.IVpc, **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         section = config.cluster
+        self.kubernetes_version = section.kubernetes_version
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
 
         secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
@@ -85,11 +95,12 @@ class ClusterStack(cdk.Stack):
 
         # Networking add-ons must exist before any node can turn Ready.
         self.addons: dict[str, eks.Addon] = {
-            name: eks.Addon(self, f"Addon-{name}", cluster=self.cluster, addon_name=name,
-                            configuration_values=ADDON_CONFIGURATION.get(name))
-            for name in ("vpc-cni", "kube-proxy")
+            name: self._addon(name) for name in ("vpc-cni", "kube-proxy")
         }
         self.addons["eks-pod-identity-agent"] = self.cluster.eks_pod_identity_agent
+        # aws_eks_v2 creates this add-on itself and has no property for its version (aws/aws-cdk#32580).
+        self.cluster.eks_pod_identity_agent.node.default_child.add_property_override(
+            "AddonVersion", managed_addon_version(section.kubernetes_version, "eks-pod-identity-agent"))
 
         system = section.system_nodes
         system_template = system_launch_template(self, "SystemLaunchTemplate", cluster=self.cluster, config=config)
@@ -117,14 +128,13 @@ class ClusterStack(cdk.Stack):
 
         # CoreDNS (and the CloudWatch agent) are Deployments: their add-ons only turn ACTIVE once a
         # node can run them.
-        self.addons["coredns"] = eks.Addon(self, "Addon-coredns", cluster=self.cluster, addon_name="coredns")
+        self.addons["coredns"] = self._addon("coredns")
         self.addons["coredns"].node.add_dependency(self.system_nodegroup)
         if section.cloudwatch_observability:
             self._cloudwatch_observability()
         # The node monitoring agent reports GPU (XID, NVML), kernel, network and storage faults as node
         # conditions; node auto-repair (on every node group) acts on them.
-        self.addons["eks-node-monitoring-agent"] = eks.Addon(
-            self, "Addon-eks-node-monitoring-agent", cluster=self.cluster, addon_name="eks-node-monitoring-agent")
+        self.addons["eks-node-monitoring-agent"] = self._addon("eks-node-monitoring-agent")
         self.addons["eks-node-monitoring-agent"].node.add_dependency(self.system_nodegroup)
 
         # Operators before their users: the device plugins and KubeRay need CoreDNS and a node to
@@ -160,6 +170,12 @@ class ClusterStack(cdk.Stack):
         """Every managed node group: the system one, then one per worker group."""
         return [self.system_nodegroup, *(g.nodegroup for g in self.gpu_nodegroups.values())]
 
+    def _addon(self, name: str) -> eks.Addon:
+        """A managed add-on at its pinned version (stacks/versions.py), with its configuration values if any."""
+        return eks.Addon(self, f"Addon-{name}", cluster=self.cluster, addon_name=name,
+                         addon_version=managed_addon_version(self.kubernetes_version, name),
+                         configuration_values=ADDON_CONFIGURATION.get(name))
+
     def _cloudwatch_observability(self) -> None:
         """The CloudWatch observability add-on (Container Insights with GPU and EFA metrics)."""
         role = iam.Role(self, "CloudWatchAgentRole",
@@ -170,8 +186,7 @@ class ClusterStack(cdk.Stack):
             self, "CloudWatchAgentIdentity", cluster_name=self.cluster.cluster_name,
             namespace=CLOUDWATCH_NAMESPACE, service_account=CLOUDWATCH_SERVICE_ACCOUNT, role_arn=role.role_arn)
         association.node.add_dependency(self.addons["eks-pod-identity-agent"])
-        addon = eks.Addon(self, "Addon-amazon-cloudwatch-observability", cluster=self.cluster,
-                          addon_name="amazon-cloudwatch-observability")
+        addon = self._addon("amazon-cloudwatch-observability")
         addon.node.add_dependency(self.system_nodegroup, association)
         self.addons["amazon-cloudwatch-observability"] = addon
         self.cloudwatch_agent_role = role

@@ -21,6 +21,20 @@ _CAPACITY = {
 }
 
 
+# Cluster Autoscaler's AWS provider names this its GPU label (kubernetes/autoscaler cluster-autoscaler-1.34.2,
+# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go `GPULabel`). Its GPU processor
+# (processors/customresources/gpu_processor.go, `FilterOutNodesWithUnreadyResources`) treats a node that carries
+# the label but does not yet advertise `nvidia.com/gpu` as unready instead of as a node without GPUs, so while
+# the device plugin starts the autoscaler waits instead of adding more nodes for the still-Pending Ray workers.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+
+
+def accelerator_label(gpu_model: str) -> str:
+    """The accelerator label's value for a catalog GPU model, in the provider's spelling (its
+    `availableGPUTypes`: "nvidia-tesla-t4", "nvidia-a10g"): `L4` -> `nvidia-l4`, `A100-40GB` -> `nvidia-a100`."""
+    return "nvidia-" + gpu_model.split("-")[0].lower()
+
+
 def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT.NetworkInterfaceProperty]:
     """Launch-template interfaces for `count` EFA devices, one per network card.
 
@@ -115,7 +129,7 @@ class EfaNodeGroup(Construct):
             # One subnet, in the GPU AZ: a cluster placement group cannot span AZs.
             subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
                                         availability_zones=[config.gpu_availability_zone]),
-            labels=worker_node_labels(config, group),
+            labels={**worker_node_labels(config, group), ACCELERATOR_LABEL: accelerator_label(itype.gpu_model)},
             taints=[eks.TaintSpec(key=GPU_TAINT.key, value=GPU_TAINT.value,
                                   effect=eks.TaintEffect[GPU_TAINT.cfn_effect])],
             tags={WORKER_GROUP_LABEL: group.name},

@@ -58,10 +58,11 @@ def test_vpc_cni_enforces_network_policies(variant):
         "ConfigurationValues": Match.serialized_json({"enableNetworkPolicy": "true"})})
 
 
-def test_only_the_vpc_cni_is_configured():
+def test_only_the_vpc_cni_and_the_node_monitoring_agent_are_configured():
+    """The agent's configuration only adds the GPU taint toleration to dcgm-server (tests/test_node_health.py)."""
     configured = {r["Properties"]["AddonName"] for r in resources("default", "cluster", "AWS::EKS::Addon").values()
                   if "ConfigurationValues" in r["Properties"]}
-    assert configured == {"vpc-cni"}
+    assert configured == {"vpc-cni", "eks-node-monitoring-agent"}
 
 
 @pytest.mark.parametrize(("variant", "hop_limit"), [("default", IMDS_HOP_LIMIT), ("alt", IMDS_HOP_LIMIT_CLOUDWATCH),
