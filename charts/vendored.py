@@ -118,9 +118,13 @@ def file_path(name: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, s
 def main(argv: list[str] | None = None) -> int:
     """`--digest FOLDER`: print a chart folder's tree digest (for a new CHARTS line). Otherwise verify every
     pinned chart and file; exit 2 with the reason on the first that is missing or differs."""
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--digest"] and len(args) == 2:
-        print(tree_digest(Path(args[1])))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m charts.vendored", description=main.__doc__.split(".")[0])
+    parser.add_argument("--digest", metavar="FOLDER", type=Path, help="print FOLDER's tree digest and exit")
+    args = parser.parse_args(argv)
+    if args.digest:
+        print(tree_digest(args.digest))
         return 0
     try:
         for name in CHARTS:
