@@ -78,7 +78,8 @@ class EfaNodeGroup(Construct):
 
         data: dict = {
             "instance_type": group.instance_type,
-            "block_device_mappings": [root_volume(group.disk_gib)],
+            # Without NVMe containerd pulls the image onto the root volume.
+            "block_device_mappings": [root_volume(group.disk_gib, fast_pull=itype.nvme_gib == 0)],
             "metadata_options": metadata_options(config),
             "tag_specifications": name_tag(f"{config.cluster.name}-{group.name}"),
         }
@@ -104,7 +105,8 @@ class EfaNodeGroup(Construct):
                 capacity_reservation_target=LT.CapacityReservationTargetProperty(
                     capacity_reservation_id=group.capacity_reservation_id))
         data["user_data"] = cdk.Fn.base64(node_user_data(
-            nvme=itype.nvme_gib > 0, hugepages=config.nvidia_nodes_hugepages(group) if self.efa_interfaces else 0))
+            nvme=itype.nvme_gib > 0, hugepages=config.nvidia_nodes_hugepages(group) if self.efa_interfaces else 0,
+            efa=bool(self.efa_interfaces)))
 
         self.launch_template = ec2.CfnLaunchTemplate(
             self, "LaunchTemplate", launch_template_data=LT.LaunchTemplateDataProperty(**data))

@@ -3,6 +3,7 @@ and the system node group's own launch template."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import aws_cdk as cdk
@@ -18,28 +19,50 @@ LT = ec2.CfnLaunchTemplate
 ROOT_DEVICE = "/dev/xvda"
 _MIME_BOUNDARY = "==RAYEFA=="
 # A pod's packets to IMDS cross one more hop (the pod's veth) than the node's own: with a limit of
-# 1 the answer never reaches a pod, so no pod can read the node role's credentials. The CloudWatch
-# agent (optional add-on) reads instance metadata from a pod and needs 2.
+# 1 the answer never reaches a pod, so no pod can read the node role's credentials. Always 1: the
+# CloudWatch agent of the amazon-cloudwatch-observability add-on runs on the host network
+# (`agent.hostNetwork: true` in the add-on's chart since 6.2.0, aws-observability/helm-charts
+# ffea3d4 "Release 6.2.0", charts/amazon-cloudwatch-observability/values.yaml), so its IMDS calls
+# are the node's own, one hop.
 IMDS_HOP_LIMIT = 1
-IMDS_HOP_LIMIT_CLOUDWATCH = 2
 
+# nodeadm's FastImagePull wants "at least 600MiB/s throughput" on the root volume, up to 1000 MiB/s
+# (awslabs/amazon-eks-ami v20260724, nodeadm/doc/examples.md "Enabling fast image pull"). gp3's
+# baseline is 125 MiB/s and 3000 IOPS; 600 MiB/s needs 2400 IOPS (0.25 MiB/s per IOPS), within it.
+FAST_PULL_THROUGHPUT_MIBPS = 600
 
-def imds_hop_limit(config: ClusterConfig) -> int:
-    """IMDS PUT response hop limit: 1 (node only) unless the CloudWatch agent must reach IMDS from its pod."""
-    return IMDS_HOP_LIMIT_CLOUDWATCH if config.cluster.cloudwatch_observability else IMDS_HOP_LIMIT
+# The containerd base runtime spec nodeadm writes for every container (awslabs/amazon-eks-ami
+# v20260724, nodeadm/internal/containerd/base-runtime-spec.json) sets one rlimit, RLIMIT_NOFILE
+# 65536 soft / 1048576 hard; every other limit is inherited from containerd, whose unit sets no
+# LimitMEMLOCK. A NodeConfig `baseRuntimeSpec` is merged over that file with mergo.WithOverride
+# (nodeadm/internal/containerd/base_runtime_spec.go, internal/util/merge.go), which replaces a list
+# outright: the rlimits below must repeat the AMI's RLIMIT_NOFILE or containers lose it.
+AMI_NOFILE = {"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576}
+# "Unlimited" is RLIM_INFINITY (2**64 - 1) in an OCI spec, but nodeadm's merge decodes the JSON into
+# map[string]interface{} (float64) and re-encodes it: 2**64 - 1 comes out as 18446744073709551616,
+# which overflows the spec's uint64 and containerd would refuse the base spec. 2**53 bytes (8 PiB) is
+# the largest integer a float64 holds exactly, survives the round trip unchanged and is far above any
+# instance's memory: in effect unlimited for libfabric's memory registration, which checks the limit
+# only against what it pins (the preflight accepts >= 1 TiB).
+MEMLOCK_BYTES = 2**53
+EFA_MEMLOCK = {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_BYTES, "hard": MEMLOCK_BYTES}
 
 
 def metadata_options(config: ClusterConfig) -> LT.MetadataOptionsProperty:
-    """IMDSv2 only (session tokens required), with the hop limit above; workload pods use Pod Identity."""
-    return LT.MetadataOptionsProperty(http_tokens="required", http_put_response_hop_limit=imds_hop_limit(config),
+    """IMDSv2 only (session tokens required), hop limit 1: only the node, never a pod, reaches IMDS."""
+    return LT.MetadataOptionsProperty(http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT,
                                       http_endpoint="enabled")
 
 
-def root_volume(size_gib: int) -> LT.BlockDeviceMappingProperty:
-    """An encrypted gp3 root volume of `size_gib` GiB, deleted with the instance."""
+def root_volume(size_gib: int, *, fast_pull: bool = False) -> LT.BlockDeviceMappingProperty:
+    """An encrypted gp3 root volume of `size_gib` GiB, deleted with the instance.
+
+    `fast_pull`: containerd pulls onto this volume (no NVMe), so give it the throughput FastImagePull wants.
+    """
     return LT.BlockDeviceMappingProperty(
         device_name=ROOT_DEVICE,
-        ebs=LT.EbsProperty(volume_size=size_gib, volume_type="gp3", encrypted=True, delete_on_termination=True))
+        ebs=LT.EbsProperty(volume_size=size_gib, volume_type="gp3", encrypted=True, delete_on_termination=True,
+                           throughput=FAST_PULL_THROUGHPUT_MIBPS if fast_pull else None))
 
 
 def name_tag(name: str) -> list[LT.TagSpecificationProperty]:
@@ -47,7 +70,7 @@ def name_tag(name: str) -> list[LT.TagSpecificationProperty]:
     return [LT.TagSpecificationProperty(resource_type="instance", tags=[cdk.CfnTag(key="Name", value=name)])]
 
 
-def node_user_data(*, nvme: bool, hugepages: int) -> str:
+def node_user_data(*, nvme: bool, hugepages: int, efa: bool = False) -> str:
     """MIME multi-part user data for AL2023 nodeadm, merged by EKS with its own bootstrap part.
 
     Always nodeadm's `FastImagePull` feature gate (experimental in the EKS AMI): containerd pulls
@@ -57,12 +80,17 @@ def node_user_data(*, nvme: bool, hugepages: int) -> str:
     nodeadm ignores it on instances below its CPU/memory threshold.
     `nvme`: put containerd and kubelet on the instance-store NVMe as RAID0 (the DLC image is many
     GB; pulling it onto NVMe is faster and keeps it off the root volume). `hugepages`: 2 MiB pages
-    to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`.
+    to reserve before kubelet starts, so they show up as allocatable `hugepages-2Mi`. `efa`: containers
+    get the memlock limit above (with the AMI's RLIMIT_NOFILE kept), so libfabric can pin NCCL's buffers.
     """
     node_config = ("---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n"
                    "  featureGates:\n    FastImagePull: true\n")
     if nvme:
         node_config += "  instance:\n    localStorage:\n      strategy: RAID0\n"
+    if efa:
+        # JSON flow style is valid YAML and keeps the integers exact.
+        spec = json.dumps({"process": {"rlimits": [AMI_NOFILE, EFA_MEMLOCK]}})
+        node_config += f"  containerd:\n    baseRuntimeSpec: {spec}\n"
     parts = [("application/node.eks.aws", node_config)]
     if hugepages:
         # libfabric's EFA provider registers its bounce buffers in huge pages; kubelet only
@@ -81,14 +109,15 @@ def node_user_data(*, nvme: bool, hugepages: int) -> str:
 
 
 def system_launch_template(scope: Construct, id: str, *, cluster: eks.Cluster, config: ClusterConfig) -> LT:
-    """The system node group's launch template: IMDSv2 and hop limit, encrypted root disk, cluster SG, FastImagePull.
+    """The system node group's launch template: IMDSv2 and hop limit, encrypted root disk with FastImagePull's
+    throughput (containerd stays on it: no NVMe on these types), cluster SG, FastImagePull.
 
     With a launch template EKS no longer adds the cluster security group itself, and the disk size
     cannot be given on the node group: both are here.
     """
     system = config.cluster.system_nodes
     return LT(scope, id, launch_template_data=LT.LaunchTemplateDataProperty(
-        block_device_mappings=[root_volume(system.disk_gib)],
+        block_device_mappings=[root_volume(system.disk_gib, fast_pull=True)],
         metadata_options=metadata_options(config),
         security_group_ids=[cluster.cluster_security_group_id],
         tag_specifications=name_tag(f"{config.cluster.name}-system"),

@@ -14,7 +14,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from config.k8s import ROLE_LABEL
-from stacks.launch_template import IMDS_HOP_LIMIT, IMDS_HOP_LIMIT_CLOUDWATCH
+from stacks.launch_template import IMDS_HOP_LIMIT
 from tests.stack_synth import synth
 from tests.test_stacks import resources, template
 
@@ -65,15 +65,14 @@ def test_only_the_vpc_cni_and_the_node_monitoring_agent_are_configured():
     assert configured == {"vpc-cni", "eks-node-monitoring-agent"}
 
 
-@pytest.mark.parametrize(("variant", "hop_limit"), [("default", IMDS_HOP_LIMIT), ("alt", IMDS_HOP_LIMIT_CLOUDWATCH),
-                                                    ("p5", IMDS_HOP_LIMIT), ("socket", IMDS_HOP_LIMIT)])
-def test_imds_hop_limit_follows_cloudwatch_observability(variant, hop_limit):
-    assert synth(variant).config.cluster.cloudwatch_observability == (hop_limit == 2)
+@pytest.mark.parametrize("variant", ["default", "alt", "p5", "socket"])
+def test_imds_hop_limit_is_one_on_every_launch_template(variant):
+    # "alt" turns the CloudWatch add-on on: its agent runs on the host network, so 1 is still enough.
     templates = _launch_templates(variant)
     # Every node group has a launch template of its own: the system one and one per worker group.
     assert len(templates) == 1 + len(synth(variant).config.cluster.worker_groups)
     for data in templates.values():
-        assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": hop_limit,
+        assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1,
                                            "HttpEndpoint": "enabled"}
 
 
@@ -88,7 +87,8 @@ def test_system_node_group_has_its_own_launch_template_with_disk_and_cluster_sg(
     data = _launch_templates("default")[logical]
     assert "DiskSize" not in group  # EKS refuses a disk size beside a launch template
     assert data["BlockDeviceMappings"] == [{"DeviceName": "/dev/xvda", "Ebs": {
-        "VolumeSize": system.disk_gib, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True}}]
+        "VolumeSize": system.disk_gib, "VolumeType": "gp3", "Encrypted": True, "DeleteOnTermination": True,
+        "Throughput": 600}}]
     (cluster_id,) = resources("default", "cluster", "AWS::EKS::Cluster")
     assert data["SecurityGroupIds"] == [{"Fn::GetAtt": [cluster_id, "ClusterSecurityGroupId"]}]
     assert group["LaunchTemplate"]["Version"] == {"Fn::GetAtt": [logical, "LatestVersionNumber"]}
