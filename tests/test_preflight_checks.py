@@ -10,6 +10,7 @@ from config.model import EFA_HUGEPAGES_MIB_PER_POD
 from tests.helpers import EXAMPLES, load_variant
 from workloads.preflight.checks import (
     WorkerFacts,
+    cap_eff,
     check_device_rdma,
     check_efa_devices,
     check_fi_info,
@@ -22,6 +23,7 @@ from workloads.preflight.checks import (
     node_name,
     parse_fi_info,
     parse_hugetlb_limit,
+    read_cap_eff,
     read_hugetlb_limit,
     run_checks,
 )
@@ -166,8 +168,44 @@ def test_node_name_from_downward_api(monkeypatch):
 def test_memlock():
     assert check_memlock(resource.RLIM_INFINITY, efa=True).status == "PASS"
     low = check_memlock(8 * 2**20, efa=True)
-    assert low.status == "FAIL" and "8388608" in low.detail and "LimitMEMLOCK=infinity" in low.fix
+    assert low.status == "FAIL" and "8388608" in low.detail and "baseRuntimeSpec" in low.fix
     assert check_memlock(64 * 1024, efa=False).status == "SKIP"
+
+
+# /proc/self/status of a root container with docker's default set plus IPC_LOCK (bit 14), and without it.
+STATUS_IPC_LOCK = "Name:\tpython\nCapInh:\t0000000000000000\nCapPrm:\t00000000a80465fb\nCapEff:\t00000000a80465fb\n"
+STATUS_DEFAULT = "Name:\tpython\nCapPrm:\t00000000a80425fb\nCapEff:\t00000000a80425fb\n"
+# A non-root process: IPC_LOCK is in the bounding set, but exec cleared the effective set.
+STATUS_NON_ROOT = "Name:\tpython\nCapEff:\t0000000000000000\nCapBnd:\t00000000a80465fb\n"
+
+
+def test_memlock_passes_on_the_launch_templates_finite_limit():
+    # stacks/launch_template.py sets 2**53 bytes (float64-exact through nodeadm's merge).
+    assert check_memlock(2**53, efa=True).status == "PASS"
+
+
+def test_memlock_passes_below_the_limit_with_effective_ipc_lock():
+    result = check_memlock(8 * 2**20, efa=True, capabilities=cap_eff(STATUS_IPC_LOCK))
+    assert result.status == "PASS" and "CAP_IPC_LOCK is effective" in result.detail
+
+
+def test_memlock_fails_below_the_limit_without_ipc_lock():
+    result = check_memlock(8 * 2**20, efa=True, capabilities=cap_eff(STATUS_DEFAULT))
+    assert result.status == "FAIL" and "CAP_IPC_LOCK is not effective" in result.detail
+
+
+def test_memlock_ignores_ipc_lock_that_is_only_bounding():
+    assert check_memlock(8 * 2**20, efa=True, capabilities=cap_eff(STATUS_NON_ROOT)).status == "FAIL"
+
+
+def test_cap_eff_reads_the_hex_mask_and_is_zero_when_missing():
+    assert cap_eff(STATUS_IPC_LOCK) == 0xA80465FB
+    assert cap_eff("Name:\tpython\n") == 0
+
+
+def test_gather_reads_this_process_cap_eff():
+    with open("/proc/self/status") as fh:
+        assert read_cap_eff() == cap_eff(fh.read())
 
 
 def test_device_rdma_only_with_gpudirect():

@@ -51,6 +51,8 @@ PLUGIN_GLOB = "libnccl-net*.so*"
 # libfabric's EFA provider pins every registered buffer; a finite limit (docker's 64 KiB or 8 MiB
 # default) makes fi_mr_reg fail with ENOMEM and NCCL quietly falls back to sockets or aborts.
 MIN_MEMLOCK_BYTES = 1 << 40
+# Bit of CAP_IPC_LOCK in a capability mask (linux/capability.h).
+CAP_IPC_LOCK = 14
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +126,8 @@ class WorkerFacts:
     """Text of the first of `HUGETLB_FILES` that exists (None: no hugetlb cgroup controller visible)."""
     hugetlb_file: str = ""
     memlock_soft: int = 0
+    cap_eff: int = 0
+    """Effective capabilities of this process (/proc/self/status CapEff)."""
     device_rdma_env: str | None = None
 
 
@@ -273,17 +277,42 @@ def check_hugepages(meminfo: str, required_mib: int, *, cgroup_limit: str | None
     return failed(name, f"{cause}, need {required_mib} MiB: {where}", fix)
 
 
-def check_memlock(soft_limit: int, *, efa: bool) -> CheckResult:
-    """The memlock limit lets libfabric pin NCCL's buffers (unlimited, as the EKS AMI's containerd sets)."""
+def cap_eff(status: str) -> int:
+    """The effective capability mask from /proc/self/status text (`CapEff:` line, hex); 0 when absent."""
+    match = re.search(r"^CapEff:\s*([0-9a-fA-F]+)\s*$", status, re.MULTILINE)
+    return int(match.group(1), 16) if match else 0
+
+
+def read_cap_eff() -> int:
+    """This process's effective capabilities (0 where /proc is unreadable)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return cap_eff(fh.read())
+    except OSError:
+        return 0
+
+
+def check_memlock(soft_limit: int, *, efa: bool, capabilities: int = 0) -> CheckResult:
+    """libfabric may pin NCCL's buffers: RLIMIT_MEMLOCK unlimited (or >= 1 TiB), or CAP_IPC_LOCK effective.
+
+    The kernel's memory registration (ib_umem_get, drivers/infiniband/core/umem.c, which the EFA driver's
+    reg_mr calls) refuses a registration past RLIMIT_MEMLOCK only `!capable(CAP_IPC_LOCK)`. The capability
+    counts only when effective: a container running as non-root loses added capabilities at exec (no
+    ambient set), so the check reads CapEff, not the pod spec.
+    """
     name = "memlock"
     if not efa:
         return skipped(name, "not needed without EFA")
     if soft_limit == resource.RLIM_INFINITY or soft_limit >= MIN_MEMLOCK_BYTES:
         return passed(name, "unlimited" if soft_limit == resource.RLIM_INFINITY else f"{soft_limit} bytes")
-    return failed(name, f"RLIMIT_MEMLOCK is {soft_limit} bytes; libfabric cannot register NCCL's buffers "
-                  "(fi_mr_reg: Cannot allocate memory)",
-                  "run the container runtime with LimitMEMLOCK=infinity (the EKS-optimized AL2023 AMI does; a custom "
-                  "AMI or launch template must keep it) or set default ulimits memlock=-1 in containerd")
+    if capabilities >> CAP_IPC_LOCK & 1:
+        return passed(name, f"RLIMIT_MEMLOCK is {soft_limit} bytes, but CAP_IPC_LOCK is effective: "
+                      "the kernel lets memory registration past the limit")
+    return failed(name, f"RLIMIT_MEMLOCK is {soft_limit} bytes and CAP_IPC_LOCK is not effective; libfabric cannot "
+                  "register NCCL's buffers (fi_mr_reg: Cannot allocate memory)",
+                  "raise containers' memlock limit (this project's EFA launch templates set RLIMIT_MEMLOCK in "
+                  "nodeadm's containerd baseRuntimeSpec; a custom AMI or launch template must keep it), or run the "
+                  "worker as root with the IPC_LOCK capability added (the charts add it)")
 
 
 def check_device_rdma(env_value: str | None, *, gpudirect_rdma: bool) -> CheckResult:
@@ -313,7 +342,7 @@ def run_checks(facts: WorkerFacts, expect: Expectation, *, local: bool) -> list[
         check_shm(facts.shm_total_bytes, expect.shm_gib),
         check_hugepages(facts.meminfo, expect.hugepages_mib, cgroup_limit=facts.hugetlb_limit,
                         cgroup_file=facts.hugetlb_file),
-        check_memlock(facts.memlock_soft, efa=efa),
+        check_memlock(facts.memlock_soft, efa=efa, capabilities=facts.cap_eff),
         check_device_rdma(facts.device_rdma_env, gpudirect_rdma=expect.gpudirect_rdma),
     ]
 
@@ -416,6 +445,7 @@ def gather_facts(*, efa: bool) -> WorkerFacts:
         facts.meminfo = ""
     facts.hugetlb_limit, facts.hugetlb_file = read_hugetlb_limit()
     facts.memlock_soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    facts.cap_eff = read_cap_eff()
     facts.device_rdma_env = os.environ.get("FI_EFA_USE_DEVICE_RDMA")
     return facts
 

@@ -135,8 +135,9 @@ def check_network(net: NcclNetwork | None, expect: str | None) -> CheckResult:
         return skipped(name, "no NCCL communicator (gloo backend)")
     if net.memlock_errors:
         return failed(name, f"libfabric could not pin memory: {net.memlock_errors[0]}",
-                      "raise the memlock limit to unlimited (containerd LimitMEMLOCK=infinity on the node AMI) and "
-                      "give the pod its hugepages-2Mi request")
+                      "raise containers' memlock limit (RLIMIT_MEMLOCK in nodeadm's containerd baseRuntimeSpec, as "
+                      "this project's EFA launch templates set it) or keep IPC_LOCK effective (root), and give the "
+                      "pod its hugepages-2Mi request")
     if expect != "efa":
         return passed(name, net.summary())
     if net.kind == "efa":
