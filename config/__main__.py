@@ -55,11 +55,28 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:g}"
 
 
+def warnings(config: ClusterConfig) -> list[str]:
+    """What the file leaves to chance or to the user's hands after the deploy."""
+    out = []
+    if not config.cluster.admin_role_arn:
+        out.append(
+            "cluster.admin_role_arn is null: after the deploy no one can use kubectl (the only access entry is the "
+            "stack's kubectl handler). Set it to your role, or grant yourself after the deploy: aws eks "
+            f"create-access-entry --cluster-name {config.cluster.name} --principal-arn <your role ARN> && aws eks "
+            f"associate-access-policy --cluster-name {config.cluster.name} --principal-arn <your role ARN> "
+            "--policy-arn arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy "
+            "--access-scope type=cluster (docs/lifecycle.md)")
+    return out
+
+
 def check(file: str | None) -> ClusterConfig:
-    """Load and validate the variable file (exit 2 with one line per problem on stderr), print OK and its plan."""
+    """Load and validate the variable file (exit 2 with one line per problem on stderr), print OK, its plan and
+    its warnings."""
     config = load_or_exit(file)
     print(f"{resolve_path(file)}: OK")
     print(plan(config))
+    for line in warnings(config):
+        print(f"warning: {line}")
     return config
 
 
