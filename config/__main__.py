@@ -66,6 +66,14 @@ def warnings(config: ClusterConfig) -> list[str]:
             f"associate-access-policy --cluster-name {config.cluster.name} --principal-arn <your role ARN> "
             "--policy-arn arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy "
             "--access-scope type=cluster (docs/lifecycle.md)")
+    if not config.ray.image_by_digest:
+        # DLC releases are tagged major.minor only (aws/deep-learning-containers docs/ray/changelog/index.md:
+        # release v1.4.0 is tag serve-ml-cuda-v1.4), and a patch release moves the tag.
+        out.append(
+            f"ray.image {config.ray.image} is pinned by tag only: a republished tag and the IfNotPresent pull let "
+            "nodes started on different days run different builds. Pin its digest: ray.image: "
+            f"{config.ray.image}@sha256:<digest> (docker buildx imagetools inspect {config.ray.image}; "
+            "docs/lifecycle.md)")
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.base import _Strict
 
@@ -29,7 +29,8 @@ class RayConfig(_Strict):
 
     image: str = Field(
         default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
-        description="Container image for head and workers, pinned by tag or digest (repo@sha256:...; never built).",
+        description="Container image for head and workers, pinned by tag or digest (repo@sha256:... or "
+                    "repo:tag@sha256:...; never built). A tag can be republished: pin the digest (docs/lifecycle.md).",
     )
     ray_version: str = Field(default="2.58.0", description="Ray version inside the image (must match it).")
     kuberay_version: str = Field(default="1.7.0", description="KubeRay operator Helm chart version.")
@@ -83,12 +84,25 @@ class StorageConfig(_Strict):
     removal_policy: Literal["retain", "destroy"] = Field(
         default="retain", description="What `cdk destroy` does to the bucket: retain or destroy (empties it)."
     )
+    existing_bucket: bool = Field(
+        default=False,
+        description="The bucket already exists (kept by an earlier `cdk destroy` with removal_policy retain): the "
+                    "storage stack uses it by name instead of creating it, so a redeploy does not fail with "
+                    "'already exists' and finds the old checkpoints (docs/lifecycle.md).",
+    )
     noncurrent_days: int = Field(
         default=7, ge=1, description="Days before superseded object versions are deleted, days."
     )
     checkpoint_expiry_days: int = Field(
         default=30, ge=1, description="Days before checkpoint objects under the prefix expire, days."
     )
+
+    @model_validator(mode="after")
+    def _existing_is_kept(self) -> StorageConfig:
+        if self.existing_bucket and self.removal_policy == "destroy":
+            raise ValueError("existing_bucket: true with removal_policy: destroy; the stack does not own an "
+                             "existing bucket and never deletes it: set removal_policy: retain")
+        return self
 
     @property
     def checkpoint_prefix(self) -> str:

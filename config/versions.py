@@ -39,6 +39,7 @@ def kubectl_layer_package(kubernetes_version: str) -> str:
 
 
 def _image_ray_version(image: str) -> str | None:
+    image = image.split("@", 1)[0]  # repo:tag@sha256:... is that tag's image, pinned
     if image in KNOWN_IMAGES:
         return KNOWN_IMAGES[image]
     match = re.fullmatch(r"(docker\.io/)?rayproject/ray(-ml)?:(\d+\.\d+\.\d+).*", image)

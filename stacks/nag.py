@@ -67,13 +67,21 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack, 
 
     access_logs = ("Holds only this job's checkpoints and model exports, written by one role; server access logs "
                    "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
-    acknowledge(storage.bucket, "AwsSolutions-S1", access_logs)
-    checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
+    if storage.bucket.node.default_child is not None:  # created by the stack (not storage.existing_bucket)
+        acknowledge(storage.bucket, "AwsSolutions-S1", access_logs)
+        checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
+        bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
+    else:
+        bucket_arn = f"arn:<AWS::Partition>:s3:::{storage.bucket_name_for_findings}"
+        acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
+                    "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
+                    "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
+                    "cdk-nag's S3BucketSSLRequestsOnly (3.0.2) matches the policy's Resource against the bucket's "
+                    "resolved name and cannot for a name built with the account token.")
     checkov_skip(network.flow_logs, "CKV_AWS_158",
                  "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
                  "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")
-    bucket_id = _logical_id(storage.bucket)
-    acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::<{bucket_id}.Arn>/{storage.prefix}/*]",
+    acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::{bucket_arn}/{storage.prefix}/*]",
                 "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
                 "shards at run time, so this is the narrowest grant that lets it write them.")
     for field, location in storage.s3_sources.items():

@@ -38,7 +38,7 @@ class Change:
     logical_id: str
     type: str
     action: str
-    """"replace", "delete" or "roll nodes"."""
+    """"replace", "delete", "release" (leaves the stack but is kept) or "roll nodes"."""
     reason: str
 
     def line(self) -> str:
@@ -113,7 +113,10 @@ def changes(old: Templates, new: Templates, *, region: str) -> list[Change]:
         for logical, resource in template.get("Resources", {}).items():
             kind = resource["Type"]
             after = new_resources.get(logical)
-            if after is None:
+            if after is None and resource.get("DeletionPolicy") == "Retain":
+                found[(stack, logical)] = Change(stack=stack, logical_id=logical, type=kind, action="release",
+                                                 reason="leaves the stack, kept (DeletionPolicy Retain)")
+            elif after is None:
                 found[(stack, logical)] = Change(stack=stack, logical_id=logical, type=kind, action="delete",
                                                  reason="no longer in the template")
             elif after["Type"] != kind:

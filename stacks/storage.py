@@ -9,7 +9,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from config import ClusterConfig
-from config.model import S3Location
+from config.model import S3Location, StorageConfig
 from stacks.pod_identity import pod_identity_principal
 
 
@@ -34,26 +34,13 @@ class StorageStack(cdk.Stack):
         storage = config.storage
         self.prefix = storage.prefix
         destroy = storage.removal_policy == "destroy"
-        self.bucket = s3.Bucket(
-            self,
-            "CheckpointBucket",
-            bucket_name=config.bucket_name(cdk.Aws.ACCOUNT_ID),
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            enforce_ssl=True,
-            versioned=True,
-            removal_policy=cdk.RemovalPolicy.DESTROY if destroy else cdk.RemovalPolicy.RETAIN,
-            auto_delete_objects=destroy,
-            lifecycle_rules=[
-                # Ray rewrites checkpoints in place across runs; old versions are dead weight.
-                s3.LifecycleRule(id="ExpireSupersededVersions",
-                                 noncurrent_version_expiration=cdk.Duration.days(storage.noncurrent_days),
-                                 abort_incomplete_multipart_upload_after=cdk.Duration.days(1)),
-                # Checkpoints only: the exported model lives under a different prefix and is kept.
-                s3.LifecycleRule(id="ExpireOldCheckpoints", prefix=storage.checkpoint_prefix,
-                                 expiration=cdk.Duration.days(storage.checkpoint_expiry_days)),
-            ],
-        )
+        self.existing_bucket_policy: s3.BucketPolicy | None = None
+        # The name as cdk-nag prints it in a finding's resource (tokens as <AWS::AccountId>).
+        self.bucket_name_for_findings = config.bucket_name("<AWS::AccountId>")
+        if storage.existing_bucket:
+            self.bucket = self._existing_bucket(config.bucket_name(cdk.Aws.ACCOUNT_ID))
+        else:
+            self.bucket = self._new_bucket(config.bucket_name(cdk.Aws.ACCOUNT_ID), storage, destroy=destroy)
 
         self.role = iam.Role(
             self,
@@ -103,3 +90,44 @@ class StorageStack(cdk.Stack):
         cdk.CfnOutput(self, "RayServiceAccount", value=config.ray.service_account,
                       description="Service account bound to the bucket through Pod Identity.")
         cdk.CfnOutput(self, "RayPodRoleArn", value=self.role.role_arn, description="Role the Ray pods assume.")
+
+    def _new_bucket(self, name: str, storage: StorageConfig, *, destroy: bool) -> s3.Bucket:
+        """The bucket, created by this stack; kept by `cdk destroy` unless removal_policy is destroy."""
+        bucket = s3.Bucket(
+            self,
+            "CheckpointBucket",
+            bucket_name=name,
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            removal_policy=cdk.RemovalPolicy.DESTROY if destroy else cdk.RemovalPolicy.RETAIN,
+            auto_delete_objects=destroy,
+            lifecycle_rules=[
+                # Ray rewrites checkpoints in place across runs; old versions are dead weight.
+                s3.LifecycleRule(id="ExpireSupersededVersions",
+                                 noncurrent_version_expiration=cdk.Duration.days(storage.noncurrent_days),
+                                 abort_incomplete_multipart_upload_after=cdk.Duration.days(1)),
+                # Checkpoints only: the exported model lives under a different prefix and is kept.
+                s3.LifecycleRule(id="ExpireOldCheckpoints", prefix=storage.checkpoint_prefix,
+                                 expiration=cdk.Duration.days(storage.checkpoint_expiry_days)),
+            ],
+        )
+        # Kept with the bucket: a retained bucket stays TLS-only while no stack manages it.
+        if not destroy:
+            bucket.policy.apply_removal_policy(cdk.RemovalPolicy.RETAIN)
+        return bucket
+
+    def _existing_bucket(self, name: str) -> s3.IBucket:
+        """A bucket kept by an earlier teardown, used by name: its encryption, versioning, public-access block
+        and lifecycle rules stay as that deploy set them; the TLS-only policy is (re)applied here."""
+        bucket = s3.Bucket.from_bucket_name(self, "CheckpointBucket", name)
+        policy = s3.BucketPolicy(self, "ExistingBucketPolicy", bucket=bucket,
+                                 removal_policy=cdk.RemovalPolicy.RETAIN)
+        # The statement s3.Bucket(enforce_ssl=True) writes.
+        policy.document.add_statements(iam.PolicyStatement(
+            effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=["s3:*"],
+            resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
+            conditions={"Bool": {"aws:SecureTransport": "false"}}))
+        self.existing_bucket_policy = policy
+        return bucket

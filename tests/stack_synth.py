@@ -79,9 +79,9 @@ def variant_file(name: str) -> Path:
     if name == "alt":
         return write_variant(_ROOT, ALT, name="alt.yaml")
     if name == "socket":
-        # The socket example with a private-only API endpoint.
-        return write_variant(_ROOT, {"cluster": {"endpoint_access": "private"}}, base=EXAMPLES / "socket.yaml",
-                             name="socket.yaml")
+        # The socket example with a private-only API endpoint, redeployed over a bucket an earlier teardown kept.
+        return write_variant(_ROOT, {"cluster": {"endpoint_access": "private"}, "storage": {"existing_bucket": True}},
+                             base=EXAMPLES / "socket.yaml", name="socket.yaml")
     return EXAMPLES / f"{name}.yaml"
 
 
