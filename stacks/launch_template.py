@@ -4,6 +4,7 @@ and the system node group's own launch template."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import aws_cdk as cdk
@@ -12,6 +13,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from config import ClusterConfig
+from stacks.versions import managed_addon_version
 
 LT = ec2.CfnLaunchTemplate
 
@@ -19,12 +21,29 @@ LT = ec2.CfnLaunchTemplate
 ROOT_DEVICE = "/dev/xvda"
 _MIME_BOUNDARY = "==RAYEFA=="
 # A pod's packets to IMDS cross one more hop (the pod's veth) than the node's own: with a limit of
-# 1 the answer never reaches a pod, so no pod can read the node role's credentials. Always 1: the
-# CloudWatch agent of the amazon-cloudwatch-observability add-on runs on the host network
-# (`agent.hostNetwork: true` in the add-on's chart since 6.2.0, aws-observability/helm-charts
-# ffea3d4 "Release 6.2.0", charts/amazon-cloudwatch-observability/values.yaml), so its IMDS calls
-# are the node's own, one hop.
+# 1 the answer never reaches a pod, so no pod can read the node role's credentials. The CloudWatch
+# agent of the amazon-cloudwatch-observability add-on reads IMDS too. From chart 6.2.0 it runs on the
+# host network (`agent.hostNetwork: true`, aws-observability/helm-charts ffea3d4 "Release 6.2.0",
+# charts/amazon-cloudwatch-observability/values.yaml; 4.8.0 and 5.4.0 have no such key and the agent's
+# custom resource leaves hostNetwork unset), so its requests are the node's own and 1 is enough. An
+# older pinned add-on (add-on vX.Y.Z ships chart X.Y.Z) keeps the agent in the pod network: 2 then.
 IMDS_HOP_LIMIT = 1
+IMDS_HOP_LIMIT_POD_AGENT = 2
+CLOUDWATCH_HOST_NETWORK_SINCE = (6, 2, 0)
+
+
+def cloudwatch_agent_on_host_network(kubernetes_version: str) -> bool:
+    """Whether the pinned amazon-cloudwatch-observability add-on runs its agent on the host network."""
+    version = managed_addon_version(kubernetes_version, "amazon-cloudwatch-observability")
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:3]) >= CLOUDWATCH_HOST_NETWORK_SINCE
+
+
+def imds_hop_limit(config: ClusterConfig) -> int:
+    """1 (the node only), unless the CloudWatch add-on is on and its pinned version runs the agent in a pod."""
+    if config.cluster.cloudwatch_observability and not cloudwatch_agent_on_host_network(
+            config.cluster.kubernetes_version):
+        return IMDS_HOP_LIMIT_POD_AGENT
+    return IMDS_HOP_LIMIT
 
 # nodeadm's FastImagePull wants "at least 600MiB/s throughput" on the root volume, up to 1000 MiB/s
 # (awslabs/amazon-eks-ami v20260724, nodeadm/doc/examples.md "Enabling fast image pull"). gp3's
@@ -49,8 +68,8 @@ EFA_MEMLOCK = {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_BYTES, "hard": MEMLOCK_
 
 
 def metadata_options(config: ClusterConfig) -> LT.MetadataOptionsProperty:
-    """IMDSv2 only (session tokens required), hop limit 1: only the node, never a pod, reaches IMDS."""
-    return LT.MetadataOptionsProperty(http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT,
+    """IMDSv2 only (session tokens required), with the hop limit above; workload pods use Pod Identity."""
+    return LT.MetadataOptionsProperty(http_tokens="required", http_put_response_hop_limit=imds_hop_limit(config),
                                       http_endpoint="enabled")
 
 

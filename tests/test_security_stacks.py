@@ -14,7 +14,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from config.k8s import ROLE_LABEL
-from stacks.launch_template import IMDS_HOP_LIMIT
+from stacks.launch_template import IMDS_HOP_LIMIT, cloudwatch_agent_on_host_network
 from tests.stack_synth import synth
 from tests.test_stacks import resources, template
 
@@ -66,14 +66,26 @@ def test_only_the_vpc_cni_and_the_node_monitoring_agent_are_configured():
 
 
 @pytest.mark.parametrize("variant", ["default", "alt", "p5", "socket"])
-def test_imds_hop_limit_is_one_on_every_launch_template(variant):
-    # "alt" turns the CloudWatch add-on on: its agent runs on the host network, so 1 is still enough.
+def test_imds_hop_limit_is_one_unless_the_pinned_cloudwatch_agent_runs_in_a_pod(variant):
+    config = synth(variant).config
+    in_pod = config.cluster.cloudwatch_observability and not cloudwatch_agent_on_host_network(
+        config.cluster.kubernetes_version)
     templates = _launch_templates(variant)
     # Every node group has a launch template of its own: the system one and one per worker group.
-    assert len(templates) == 1 + len(synth(variant).config.cluster.worker_groups)
+    assert len(templates) == 1 + len(config.cluster.worker_groups)
     for data in templates.values():
-        assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1,
+        assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 2 if in_pod else 1,
                                            "HttpEndpoint": "enabled"}
+
+
+@pytest.mark.parametrize(("pin", "host_network"), [("v4.10.3-eksbuild.1", False), ("v6.1.9-eksbuild.1", False),
+                                                    ("v6.2.0-eksbuild.1", True), ("v6.4.0-eksbuild.2", True)])
+def test_cloudwatch_agent_on_host_network_from_chart_6_2(monkeypatch, pin, host_network):
+    import stacks.versions as versions
+
+    monkeypatch.setitem(versions.MANAGED_ADDON_VERSIONS, "1.34",
+                        {**versions.MANAGED_ADDON_VERSIONS["1.34"], "amazon-cloudwatch-observability": pin})
+    assert cloudwatch_agent_on_host_network("1.34") is host_network
 
 
 def test_default_hop_limit_keeps_pods_off_imds():
