@@ -1,5 +1,6 @@
-"""`python -m stacks.check [FILE] --against OLD`: `python -m config check`, then what deploying FILE over OLD
-replaces, deletes or rolls.
+"""`python -m stacks.check [FILE] --against OLD`: the config check, then what deploying FILE would replace.
+
+Replace, delete, release (kept, DeletionPolicy Retain) or roll the nodes of, compared with OLD.
 
 The config package knows nothing of the stacks, so the comparison, which synthesizes them, is composed here,
 one floor up (as `python -m workloads.check` adds the dataset line). OLD is the variable file that was deployed,
