@@ -1,5 +1,17 @@
-"""AWS CDK stacks: network, EKS cluster with EFA GPU node groups, checkpoint storage."""
+"""AWS CDK stacks: network, EKS cluster with EFA GPU node groups, checkpoint storage.
 
-from stacks.assembly import ProjectStacks, build, stack_names
+The stack classes load lazily (PEP 562): importing aws_cdk starts jsii's Node process, which
+`python -m stacks.check --help` does not need.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["ProjectStacks", "build", "stack_names"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("stacks.assembly"), name)
+    raise AttributeError(f"module 'stacks' has no attribute {name!r}")

@@ -15,11 +15,12 @@ from pathlib import Path
 from config import ClusterConfig, load_or_exit
 from config.__main__ import check
 from config.cli import add_file_argument, chosen_file
-from stacks.replacements import compare, key_changes
 
 
 def against(config: ClusterConfig, old: str) -> str:
     """What deploying `config` over `old` (a variable file or a cdk.out directory) replaces, deletes or rolls."""
+    from stacks.replacements import compare, key_changes  # starts jsii: not for --help or a bad file
+
     path = Path(old)
     previous = path if path.is_dir() else load_or_exit(path)
     found = compare(previous, config)

@@ -20,7 +20,7 @@ COMMANDS = sorted(
     for top in ("config", "charts", "workloads", "stacks") for p in (REPO / top).rglob("__main__.py"))
 COMMANDS += sorted(
     ".".join(p.relative_to(REPO).with_suffix("").parts)
-    for top in ("charts", "workloads") for p in (REPO / top).rglob("*.py")
+    for top in ("charts", "workloads", "stacks") for p in (REPO / top).rglob("*.py")
     if p.name != "__main__.py" and 'if __name__ == "__main__":' in p.read_text())
 # Commands that read the variable file, with the arguments that reach the loading of it.
 FILE_COMMANDS = {
@@ -31,6 +31,7 @@ FILE_COMMANDS = {
     "workloads.preflight": ["--local"],
     "workloads.verify": [],
     "workloads.fsdp_finetune": [],
+    "stacks.check": ["--against", "config/cluster.yaml"],
 }
 
 
