@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
 
 import pytest
 import torch
 
+from tests.ranks import spawn_gloo
 from workloads.fsdp_finetune.evaluate import HeldOutLoss, evaluate
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
@@ -27,15 +26,11 @@ def _records(assets):
     return assets.eval_records[:15]
 
 
-def _rank_worker(rank: int, world: int, port: int, model_dir: str, records: list, out: str) -> None:
-    import torch.distributed as dist
+def _rank_worker(rank: int, world: int, model_dir: str, records: list, out: str) -> None:
     from transformers import AutoTokenizer
 
     from workloads.fsdp_finetune.model import build_model, shard_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     device = torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = build_model(model_dir, attn_implementation="sdpa", device=device)
@@ -45,19 +40,14 @@ def _rank_worker(rank: int, world: int, port: int, model_dir: str, records: list
     figures = scorer(model, device)
     torch.save({"figures": figures, "batches": len(scorer.batches), "steps": scorer.steps,
                 "training": model.training}, f"{out}.{rank}")
-    dist.destroy_process_group()
 
 
 def test_two_rank_held_out_loss_equals_one_process(assets, tmp_path):
-    import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     records = _records(assets)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = str(tmp_path / "rank")
-    mp.spawn(_rank_worker, args=(2, port, str(assets.model_dir), records, out), nprocs=2)
+    spawn_gloo(_rank_worker, 2, tmp_path, str(assets.model_dir), records, out)
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
 
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 
 import pytest
 import torch
 
+from tests.ranks import spawn_gloo
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
 ALIAS, KEPT = "lm_head.weight", "model.embed_tokens.weight"
@@ -41,8 +41,7 @@ def _full(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    import torch.distributed as dist
+def _worker(rank: int, world: int, model_dir: str, out: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from transformers import AutoTokenizer
@@ -50,9 +49,6 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     from workloads.fsdp_finetune.checkpoint import TRAINER_FILE, export_hf_model, load_checkpoint, save_checkpoint
     from workloads.fsdp_finetune.train import train_step
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     device = torch.device("cpu")
     model, optimizer, scheduler = _sharded(model_dir)
     ids = torch.randint(3, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(rank))
@@ -74,18 +70,12 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
                          "tied": fresh.lm_head.weight is fresh.model.embed_tokens.weight}
     if rank == 0:
         torch.save(results, os.path.join(out, "results.pt"))
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def run(assets, tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("tied")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_worker, args=(2, port, str(assets.model_dir), str(out)), nprocs=2)
+    spawn_gloo(_worker, 2, tmp_path_factory.mktemp("store"), str(assets.model_dir), str(out))
     return out, torch.load(out / "results.pt", weights_only=False)
 
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import os
 import random
-import socket
 
 import numpy as np
 import pytest
 import torch
 
+from tests.ranks import spawn_gloo
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
 from workloads.fsdp_finetune.metrics import flops_per_token, matmul_params, mfu
 from workloads.fsdp_finetune.train import build_scheduler, lr_factor, train_step
@@ -181,15 +180,11 @@ def _global_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    import torch.distributed as dist
+def _fsdp_worker(rank: int, world: int, model_dir: str, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from workloads.fsdp_finetune.model import build_model, shard_model
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     device = torch.device("cpu")
     model = build_model(model_dir, attn_implementation="sdpa", device=device)
     shard_model(model, device=device, activation_checkpointing=True)
@@ -210,7 +205,6 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> 
         torch.save({"state": state, "loss_sum": float(result["loss_sum"]),
                     "label_tokens": int(result["label_tokens"]), "grad_norm": float(result["grad_norm"]),
                     "flags": flags, "mlp_calls": len(calls), "micro_batches": len(micro)}, out)
-    dist.destroy_process_group()
 
 
 def test_two_rank_fsdp_step_with_activation_checkpointing_equals_one_plain_step(assets, tmp_path):
@@ -220,14 +214,10 @@ def test_two_rank_fsdp_step_with_activation_checkpointing_equals_one_plain_step(
     loss that differs from HF's, checkpointing left off (`from_pretrained` returns eval mode, and HF
     layers recompute only in train mode), and checkpointing that changes numerics.
     """
-    import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out = tmp_path / "rank0.pt"
-    mp.spawn(_fsdp_worker, args=(2, port, str(assets.model_dir), str(out)), nprocs=2)
+    spawn_gloo(_fsdp_worker, 2, tmp_path, str(assets.model_dir), str(out))
     got = torch.load(out, weights_only=False)
 
     assert got["flags"] == {"training": True, "checkpointing": True}
