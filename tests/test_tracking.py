@@ -89,6 +89,22 @@ def test_resume_drops_the_replayed_stretch_everywhere(tmp_path):
     _assert_series(_scalars(str(tmp_path)), range(1, 7))
 
 
+def test_writers_within_one_second_get_their_own_files_in_order(tmp_path, monkeypatch):
+    """tensorboardX keys the event file name on whole seconds: a resume in the same second (same process,
+    as here) must still write its own file, and sort after the first so its purge applies to it."""
+    import types
+
+    import tensorboardX.event_file_writer as writer
+
+    monkeypatch.setattr(writer, "time", types.SimpleNamespace(time=lambda: 1_700_000_000.25))
+    _run(str(tmp_path), range(1, 6))
+    _run(str(tmp_path), range(4, 7), resume_step=3)
+    files = sorted(tmp_path.glob("events.out.tfevents.1700000000.*"))
+    assert len(files) == 2
+    assert files[0].stat().st_size > 0 and files[1].stat().st_size > 0
+    _assert_series(_scalars(str(tmp_path)), range(1, 7))
+
+
 def test_remote_resume_keeps_the_rows_before_the_checkpoint():
     run_dir = f"memory://runs/{uuid.uuid4().hex}/track-test"
     _run(run_dir, range(1, 6))
@@ -126,12 +142,13 @@ def test_mlflow_gets_the_metrics_and_the_settings(tmp_path, monkeypatch):
 def test_unreachable_mlflow_costs_only_mlflow(tmp_path, monkeypatch, caplog):
     import socket
 
-    with socket.socket() as sock:  # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with caplog.at_level("WARNING", logger="fsdp_finetune"):
+    # A port bound but not listening, held for the whole run: connections are refused, and no other
+    # process can take the port meanwhile (as it could once a probe socket is closed).
+    with socket.socket() as sock, caplog.at_level("WARNING", logger="fsdp_finetune"):
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
         _run(str(tmp_path), range(1, 3), job={**JOB, "mlflow_tracking_uri": f"http://127.0.0.1:{port}"})
     warnings = [r.getMessage() for r in caplog.records if "MLflow" in r.getMessage()]
     assert len(warnings) == 1 and "off for this run" in warnings[0]

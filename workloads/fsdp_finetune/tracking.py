@@ -19,6 +19,7 @@ the training run: metrics.jsonl (standard library only) is always written.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -47,6 +48,14 @@ TENSORBOARD_TAGS = {
     "step_time_s": "speed/step_time_s",
     "peak_memory_gib": "memory/peak_gib",
 }
+# tensorboardX names an event file `events.out.tfevents.<whole seconds>.<hostname><filename_suffix>`
+# (tensorboardX 2.6.5, event_file_writer.py: EventsWriter.__init__), and TensorBoard reads a folder's
+# files in name order (tensorboard 2.21.0, directory_watcher.py: DirectoryWatcher._GetNextPath sorts
+# them). Two writers opened within one second in one process (a resume in the same process, the
+# tests) would share a name, the second truncating the first. The pid and this process's writer
+# count make every name unique; zero-padded, a later writer of the same second sorts after, so its
+# purge at the resume step applies to the earlier file.
+_WRITERS = itertools.count()
 
 
 def is_remote(location: str) -> bool:
@@ -96,7 +105,7 @@ class RunTracker:
             return None
         # purge_step: TensorBoard drops the earlier files' events from this step on (the replayed stretch).
         return SummaryWriter(logdir=str(self.local_dir), purge_step=resume_step + 1 if resume_step else None,
-                             flush_secs=30, filename_suffix=f".{os.getpid()}")
+                             flush_secs=30, filename_suffix=f".{os.getpid()}.{next(_WRITERS):06d}")
 
     def _open_mlflow(self, uri: str, run_name: str, settings: dict):
         try:
