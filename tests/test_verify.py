@@ -234,18 +234,20 @@ def test_latest_rayjob():
 
 
 def test_unreachable_cluster_exits_2(tmp_path, capsys):
-    with socket.socket() as s:  # a port nobody listens on: a real connection refusal, no API server
+    # A port bound but not listening, held for the whole test: a real connection refusal, no API server,
+    # and no other process can take the port meanwhile (as it could once a probe socket is closed).
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(f"""apiVersion: v1
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
 clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
 users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
-    assert verify.main(["--kubeconfig", str(kubeconfig)]) == 2
+        assert verify.main(["--kubeconfig", str(kubeconfig)]) == 2
     assert "cannot read the cluster" in capsys.readouterr().err
 
 
