@@ -29,7 +29,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check synth synth-cdk synth-k8s demo test lint bench checkov clean
+.PHONY: setup tools node-check synth synth-cdk synth-k8s demo test check lint bench checkov clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools
@@ -81,6 +81,10 @@ demo: tools
 
 test: setup
 	$(PY) -m pytest
+
+# The edit loop: every test not marked slow (pyproject.toml `markers`), in under a minute; CI runs `make test`.
+check: setup
+	$(PY) -m pytest -q -m "not slow"
 
 lint: setup
 	$(PY) -m ruff check .

@@ -21,6 +21,8 @@ from stacks.asg_tags import NODE_TEMPLATE
 from tests.stack_synth import synth
 from tests.test_consistency import k8s_objects
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 def template(variant: str) -> Template:
     return Template.from_json(synth(variant).templates["cluster"])

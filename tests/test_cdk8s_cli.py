@@ -18,6 +18,8 @@ from charts import validation
 from config import load_config
 from tests.helpers import REPO, write_variant
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 EXPECTED = ["ray-base.k8s.yaml", "ray-cluster.k8s.yaml", "ray-job.k8s.yaml"]
 
 

@@ -442,6 +442,7 @@ def test_prepull_is_optional(two_groups):
 # ---- validation ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_object_validates(any_synth):
     assert validation.problems(any_synth.all, any_synth.config.cluster.kubernetes_version) == []
     kinds = {o["kind"] for o in any_synth.all}

@@ -14,6 +14,8 @@ from charts.charts import build_app, inputs, manifests
 from config.k8s import cfn_taint_effect
 from tests.stack_synth import synth, variant_file
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 VARIANTS = ["default", "p5", "socket"]
 
 

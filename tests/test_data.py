@@ -333,6 +333,7 @@ def test_best_fit_decreasing_places_each_item_in_the_fullest_bin_it_fits():
         data.best_fit_decreasing([11], 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_examples_give_the_logits_they_give_alone(attn):
     """transformers 5 masks packed examples from restarting position_ids: each one sees only itself.
@@ -376,6 +377,7 @@ def test_packed_examples_give_the_logits_they_give_alone(attn):
         assert float(total) == pytest.approx(alone_sum, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_flash_varlen_arguments_reach_every_layer_and_keep_examples_apart():
     """The flash path without flash-attn (no GPU here): a registered attention kernel that does what
     `flash_attn_varlen_func` does with the arguments it is given (causal attention inside each
@@ -593,6 +595,7 @@ def test_sharding_refuses_what_cannot_be_split():
 # ---- evaluation ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_evaluate_scores_a_real_model(assets, tokenizer):
     import torch
     from transformers import AutoModelForCausalLM

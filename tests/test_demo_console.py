@@ -98,6 +98,7 @@ def test_verbose_keeps_rays_printer_and_the_file(tmp_path, capsys):
     assert "(driver) WARNING ray: driver-side warning" in text
 
 
+@pytest.mark.slow
 def test_demo_entry_point_console_holds_no_ray_lines(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "demo"

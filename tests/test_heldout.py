@@ -42,6 +42,7 @@ def _rank_worker(rank: int, world: int, model_dir: str, records: list, out: str)
                 "training": model.training}, f"{out}.{rank}")
 
 
+@pytest.mark.slow
 def test_two_rank_held_out_loss_equals_one_process(assets, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

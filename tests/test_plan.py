@@ -16,6 +16,8 @@ from tests.helpers import REPO, write_variant
 from workloads.fsdp_finetune.metrics import flops_per_token
 from workloads.plan.architectures import KNOWN, ArchitectureError, resolve_architecture, table_key
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 BYTES_PER_PARAM = 16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments
 
 

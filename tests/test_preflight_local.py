@@ -14,6 +14,8 @@ from workloads.preflight.__main__ import main
 from workloads.preflight.probe import MIB, bus_factor
 from workloads.verify import parse_preflight_marker
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -27,6 +27,8 @@ import pytest
 from charts import bundle, inputs
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 _RAY = Path(sys.executable).with_name("ray")
 _PORT_FLAGS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",

@@ -148,6 +148,7 @@ def test_no_token_in_the_manifests(default):
                 assert not [e for e in container["env"] if e["name"].startswith("RAY_AUTH")]
 
 
+@pytest.mark.slow
 def test_manifests_with_auth_and_network_policies_validate(default, socket):
     for objects in (default, socket):
         assert validation.problems(objects, "1.34") == []

@@ -18,6 +18,8 @@ from stacks.launch_template import IMDS_HOP_LIMIT, cloudwatch_agent_on_host_netw
 from tests.stack_synth import synth
 from tests.test_stacks import resources, template
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 def _launch_templates(variant: str) -> dict[str, dict]:
     return {k: r["Properties"]["LaunchTemplateData"]

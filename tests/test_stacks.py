@@ -15,6 +15,8 @@ from aws_cdk.assertions import Match, Template
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, GPU_TAINT, ROLE_LABEL, WORKER_GROUP_LABEL
 from tests.stack_synth import ADMIN_ROLE, PUBLIC_CIDRS, synth
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 def template(variant: str, stack: str) -> Template:
     return Template.from_json(synth(variant).templates[stack])

@@ -10,9 +10,12 @@ import os
 import shutil
 import subprocess
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, default_data
+
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
 
 def _cdk_synth(cwd, *args: str) -> subprocess.CompletedProcess:

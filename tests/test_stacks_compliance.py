@@ -9,6 +9,8 @@ from cfnlint.api import ManualArgs, lint_file
 
 from tests.stack_synth import VARIANTS, synth
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 # Warnings accepted, each for a reason; anything else (and any error) fails.
 ACCEPTED_WARNINGS = {
     # CDK's kubectl-provider constructs add a DependsOn on a role they also GetAtt; harmless

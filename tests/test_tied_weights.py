@@ -16,6 +16,8 @@ import torch
 from tests.ranks import spawn_gloo
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 ALIAS, KEPT = "lm_head.weight", "model.embed_tokens.weight"
 
 

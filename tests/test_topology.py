@@ -185,6 +185,7 @@ def _assert_same_state(got: dict, want: dict, *, atol: float) -> None:
         torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=atol, msg=key)
 
 
+@pytest.mark.slow
 def test_full_and_hybrid_give_the_same_parameters(runs):
     full, hybrid = runs["full"], runs["hybrid"]
     assert hybrid["plan"]["mesh_shape"] == [2, 2] and full["plan"]["mesh_shape"] == [4]
@@ -196,6 +197,7 @@ def test_full_and_hybrid_give_the_same_parameters(runs):
     _assert_same_state(hybrid["state"], full["state"], atol=5e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resumed", ["hybrid_resumed", "full_resumed"])
 def test_a_full_sharding_checkpoint_resumes_under_hybrid_and_on_fewer_ranks(runs, resumed):
     """Model and AdamW state reshard on load (DCP): step 3 after the resume equals step 3 uninterrupted."""
@@ -204,11 +206,13 @@ def test_a_full_sharding_checkpoint_resumes_under_hybrid_and_on_fewer_ranks(runs
     _assert_same_state(runs[resumed]["state"], runs["full"]["state"], atol=5e-5)
 
 
+@pytest.mark.slow
 def test_a_hybrid_checkpoint_resumes_under_full_sharding(runs):
     assert runs["full_from_hybrid"]["losses"] == pytest.approx(runs["hybrid"]["losses"][2:], rel=1e-5)
     _assert_same_state(runs["full_from_hybrid"]["state"], runs["hybrid"]["state"], atol=5e-5)
 
 
+@pytest.mark.slow
 def test_known_collectives_are_counted_by_group(runs):
     full_gather, full_reduce = runs["full"]["known_collective"]
     hybrid_gather, hybrid_reduce = runs["hybrid"]["known_collective"]
@@ -221,6 +225,7 @@ def test_known_collectives_are_counted_by_group(runs):
                                             "ring_bytes": 1500, "cross_node": True}
 
 
+@pytest.mark.slow
 def test_counted_cross_node_bytes_match_the_analytic_count(runs):
     plans = {"full": plan_from("full", world_size=4, ranks_per_node=2),
              "hybrid": plan_from("hybrid", world_size=4, ranks_per_node=2)}

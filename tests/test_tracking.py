@@ -50,6 +50,7 @@ def _assert_series(series: dict, steps) -> None:
         assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6), tag
 
 
+@pytest.mark.slow
 def test_local_folder_has_events_metrics_and_plot(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -65,6 +66,7 @@ def test_local_folder_has_events_metrics_and_plot(tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_memory_filesystem_folder_reads_back_through_fsspec(tmp_path):
     import fsspec
 
@@ -78,6 +80,7 @@ def test_memory_filesystem_folder_reads_back_through_fsspec(tmp_path):
     _assert_series(_scalars(run_dir), range(1, 7))
 
 
+@pytest.mark.slow
 def test_resume_drops_the_replayed_stretch_everywhere(tmp_path):
     """A run killed after step 5 resumes from its step-3 checkpoint: steps 4-5 are trained and logged again."""
     _run(str(tmp_path), range(1, 6))
@@ -89,6 +92,7 @@ def test_resume_drops_the_replayed_stretch_everywhere(tmp_path):
     _assert_series(_scalars(str(tmp_path)), range(1, 7))
 
 
+@pytest.mark.slow
 def test_writers_within_one_second_get_their_own_files_in_order(tmp_path, monkeypatch):
     """tensorboardX keys the event file name on whole seconds: a resume in the same second (same process,
     as here) must still write its own file, and sort after the first so its purge applies to it."""
@@ -105,6 +109,7 @@ def test_writers_within_one_second_get_their_own_files_in_order(tmp_path, monkey
     _assert_series(_scalars(str(tmp_path)), range(1, 7))
 
 
+@pytest.mark.slow
 def test_remote_resume_keeps_the_rows_before_the_checkpoint():
     run_dir = f"memory://runs/{uuid.uuid4().hex}/track-test"
     _run(run_dir, range(1, 6))
@@ -115,6 +120,7 @@ def test_remote_resume_keeps_the_rows_before_the_checkpoint():
     assert [json.loads(line)["step"] for line in text.splitlines()] == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_mlflow_gets_the_metrics_and_the_settings(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -139,6 +145,7 @@ def test_mlflow_gets_the_metrics_and_the_settings(tmp_path, monkeypatch):
         {2: 1.25, 4: 0.625})
 
 
+@pytest.mark.slow
 def test_unreachable_mlflow_costs_only_mlflow(tmp_path, monkeypatch, caplog):
     import socket
 

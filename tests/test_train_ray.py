@@ -21,6 +21,8 @@ ray = pytest.importorskip("ray")
 from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training, start_local_ray  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 # Small enough for a few seconds of training per run, with checkpoints to resume from mid-run.
 JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
            checkpoint_every=4, report_every=2, eval_every=5, learning_rate=3e-3)

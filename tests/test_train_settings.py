@@ -71,6 +71,7 @@ def test_local_world_size_is_rechecked(assets):
     assert validate_job(bad, world_size=3, source=LOCAL_SOURCE) == []
 
 
+@pytest.mark.slow
 def test_collective_timeout_and_tracking_reach_the_trainer(assets, tmp_path):
     """job.collective_timeout_minutes becomes TorchConfig's timeout; a cluster run's folder is by its checkpoints."""
     from config import load_config

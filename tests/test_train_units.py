@@ -96,6 +96,7 @@ def test_accumulation_gives_the_big_batch_gradient(assets):
         torch.testing.assert_close(p1, p2, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_chunked_loss_equals_the_hugging_face_loss(assets):
     """`loss_sum` (LM head + CE in chunks, shifted labels) is the HF model's own loss, summed, with equal grads."""
     from transformers import AutoModelForCausalLM
@@ -207,6 +208,7 @@ def _fsdp_worker(rank: int, world: int, model_dir: str, out: str) -> None:
                     "flags": flags, "mlp_calls": len(calls), "micro_batches": len(micro)}, out)
 
 
+@pytest.mark.slow
 def test_two_rank_fsdp_step_with_activation_checkpointing_equals_one_plain_step(assets, tmp_path):
     """2 gloo ranks x 2 micro-batches, FSDP2, activation checkpointing, chunked loss == the HF loss on one process.
 
@@ -241,6 +243,7 @@ def test_two_rank_fsdp_step_with_activation_checkpointing_equals_one_plain_step(
         torch.testing.assert_close(got["state"][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+@pytest.mark.slow
 def test_compiled_chunked_loss_equals_eager():
     """`job.compile` also compiles the LM head + cross-entropy chunks (inductor; dynamic: the last chunk is shorter)."""
     from workloads.fsdp_finetune.loss import token_ce_sum
