@@ -14,6 +14,8 @@ import yaml
 
 from tests.helpers import REPO, write_variant
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 # Every `python -m X` entry point of the project, found on disk so a new one is covered without editing this.
 COMMANDS = sorted(
     ".".join(p.relative_to(REPO).with_suffix("").parts[:-1])

@@ -11,6 +11,8 @@ from config import ConfigError
 from tests.helpers import REPO, load_variant
 from tests.stack_synth import synth
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 def _resources(variant: str, kind: str) -> dict[str, dict]:
     return {k: r for k, r in synth(variant).templates["storage"]["Resources"].items() if r["Type"] == kind}

@@ -16,6 +16,8 @@ import yaml
 from config.k8s import ROLE_LABEL, WORKER_GROUP_LABEL
 from tests.stack_synth import synth
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 
 def _launch_templates(variant: str) -> dict[str, dict]:
     """Launch-template data by the role of its node group: "system" or the worker group's name."""

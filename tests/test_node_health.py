@@ -18,6 +18,8 @@ from stacks.efa_nodegroup import ACCELERATOR_LABEL, accelerator_label
 from stacks.versions import MANAGED_ADDON_VERSIONS, managed_addon_version
 from tests.stack_synth import synth
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 SCHEMA = "eks-node-monitoring-agent-1.7.0.configuration.schema.json"
 # Every add-on the stacks create with some file: "alt" turns the CloudWatch add-on on.
 ALL_ADDONS = {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "eks-node-monitoring-agent",

@@ -41,6 +41,8 @@ from tests.placement import (
 )
 from tests.stack_synth import synth, variant_file
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 # config/cluster.yaml (the "default" variant) and every example. tests/stack_synth.py's "socket" variant is the
 # example with a private-only endpoint, which changes nothing here.
 SHIPPED = ["default", *sorted(p.stem for p in EXAMPLES.glob("*.yaml"))]

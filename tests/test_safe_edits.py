@@ -22,6 +22,8 @@ from config import DEFAULT_FILE, ClusterConfig, load_config
 from stacks.replacements import KEY_TYPES, Change, changes, create_only_properties, synthesize
 from tests.helpers import EXAMPLES
 
+pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
+
 _ROOT = Path(tempfile.mkdtemp(prefix="safe-edits-"))
 SHIPPED = {"cluster": DEFAULT_FILE, **{p.stem: p for p in sorted(EXAMPLES.glob("*.yaml"))}}
 DIGEST = "sha256:" + "0123456789abcdef" * 4
