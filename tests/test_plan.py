@@ -160,7 +160,7 @@ def test_suggestions_come_in_order_and_each_is_a_valid_file(tmp_path):
     found = list(candidates(config, _refused_plan(config)))
     changes = [change for change, _, _ in found]
     assert changes[0] == "job.sharding: full"
-    assert changes[1].startswith("nodes (gpu: 4)")
+    assert changes[1].startswith("nodes (gpu: 4), job.sharding: full")
     bigger = found[2][1].instance(found[2][1].cluster.worker_groups[0])
     assert changes[2].startswith(f"instance_type: {bigger.name} ")
     assert bigger.gpu_visible_memory_mib > config.instance(config.cluster.worker_groups[0]).gpu_visible_memory_mib

@@ -1,7 +1,8 @@
 """What could work instead, when the job does not fit: each change planned the same way, with its peak and cost.
 
 In the order a user would try them, cheapest to the job first: full sharding (same hardware, state spread
-over every GPU), more nodes (twice the GPUs), a bigger GPU from the catalog, then a smaller micro-batch or
+over every GPU), more nodes (twice the GPUs, fully sharded), a bigger GPU from the catalog (the cheapest
+per GPU-hour among those with more memory), then a smaller micro-batch or
 sequence (which changes the job itself). Each candidate is a whole variable file that the loader accepts
 (a change it would refuse is not offered), planned without counting FLOPs again where they cannot change.
 """
@@ -42,7 +43,10 @@ def candidates(config: ClusterConfig, plan: dict) -> Iterator[tuple[str, Cluster
         if (changed := _load(data)) is not None:
             yield "job.sharding: full", changed, True
 
+    # More nodes help memory only as far as the state is sharded over them: with full sharding, as tried above.
     data = copy.deepcopy(base)
+    if plan["sharding"] == "hybrid":
+        data["job"]["sharding"] = "full"
     for group in data["cluster"]["worker_groups"]:
         group["nodes"] *= 2
         if group.get("max_nodes") is not None:
@@ -50,7 +54,8 @@ def candidates(config: ClusterConfig, plan: dict) -> Iterator[tuple[str, Cluster
     _fit_batch(data, 2 * config.world_size)
     if (changed := _load(data)) is not None:
         nodes = ", ".join(f"{g['name']}: {g['nodes']}" for g in data["cluster"]["worker_groups"])
-        yield f"nodes ({nodes}); job.global_batch_size: {data['job']['global_batch_size']}", changed, True
+        full = ", job.sharding: full" if plan["sharding"] == "hybrid" else ""
+        yield f"nodes ({nodes}){full}; job.global_batch_size: {data['job']['global_batch_size']}", changed, True
 
     catalog = load_catalog()
     current = min(config.instance(g).gpu_visible_memory_mib for g in config.cluster.worker_groups)
