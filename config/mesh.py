@@ -80,24 +80,27 @@ class MeshPlan:
             raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
 
 
-def resolve_sharding(requested: str, *, nodes: int, ranks_per_node: int | None) -> Sharding:
-    """`auto`: hybrid when the job spans several nodes holding more than one rank each, else full.
+def resolve_sharding(requested: str, *, nodes: int, ranks_per_node: int | None, pods_per_node: int = 1) -> Sharding:
+    """`auto`: hybrid when the job spans several nodes holding more than one rank each, in one pod each, else full.
 
-    `ranks_per_node` is None for heterogeneous worker groups (auto gives full there).
+    `ranks_per_node` is None for heterogeneous worker groups (auto gives full there). With several pods on a
+    node Ray numbers the workers pod by pod, in no particular order of nodes, so a node's ranks need not be
+    consecutive and a hybrid shard group could span nodes (`workloads...topology.placement_problem`): full.
     """
     if requested in ("full", "hybrid"):
         return requested  # type: ignore[return-value]
     if requested != "auto":
         raise ValueError(f"sharding '{requested}': use auto, full or hybrid")
-    return "hybrid" if ranks_per_node is not None and nodes > 1 and ranks_per_node > 1 else "full"
+    return ("hybrid" if ranks_per_node is not None and nodes > 1 and ranks_per_node > 1 and pods_per_node == 1
+            else "full")
 
 
-def plan_from(sharding: str, *, world_size: int, ranks_per_node: int) -> MeshPlan:
+def plan_from(sharding: str, *, world_size: int, ranks_per_node: int, pods_per_node: int = 1) -> MeshPlan:
     """The mesh plan for `world_size` ranks, `ranks_per_node` to a node, under `sharding` (auto/full/hybrid)."""
     if world_size < 1 or ranks_per_node < 1 or (sharding != "full" and world_size % ranks_per_node):
         raise ValueError(f"world size {world_size} is not a whole number of nodes of {ranks_per_node} ranks")
     nodes = max(1, world_size // ranks_per_node)
-    resolved = resolve_sharding(sharding, nodes=nodes, ranks_per_node=ranks_per_node)
+    resolved = resolve_sharding(sharding, nodes=nodes, ranks_per_node=ranks_per_node, pods_per_node=pods_per_node)
     if resolved == "full":
         return MeshPlan(sharding="full", world_size=world_size, replicate=1, shard=world_size,
                         ranks_per_node=ranks_per_node)
@@ -119,4 +122,5 @@ def mesh_plan(cfg: ClusterConfig) -> MeshPlan:
         smallest = min(cfg.pods_per_node(g) * g.gpus_per_pod for g in cfg.cluster.worker_groups)
         return MeshPlan(sharding="full", world_size=cfg.world_size, replicate=1, shard=cfg.world_size,
                         ranks_per_node=smallest)
-    return plan_from(cfg.job.sharding, world_size=cfg.world_size, ranks_per_node=per_node)
+    pods = max(cfg.pods_per_node(g) for g in cfg.cluster.worker_groups)
+    return plan_from(cfg.job.sharding, world_size=cfg.world_size, ranks_per_node=per_node, pods_per_node=pods)

@@ -129,6 +129,13 @@ class RulesMixin:
             add("job.sharding", f"hybrid needs the same number of GPUs on every worker node (a 2-D mesh of equal "
                 f"shard groups), but the worker groups differ ({per_group} GPUs per node); use sharding: full, "
                 "or auto (which shards fully here)")
+        crowded = [g for g in self.cluster.worker_groups if groups_valid and self.pods_per_node(g) > 1]
+        if crowded and self.job.sharding == "hybrid" and sum(g.nodes for g in self.cluster.worker_groups) > 1:
+            group = crowded[0]
+            add("job.sharding", f"hybrid needs one pod per node, but {group.name} puts {self.pods_per_node(group)} "
+                f"pods on each {group.instance_type}: Ray numbers workers pod by pod, so a shard group can span "
+                f"nodes and the start-up placement check stops the job; set gpus_per_pod: "
+                f"{self.instance(group).gpus} (one pod per node), or job.sharding: full or auto")
         for field, message in self.job.batch_problems(self.world_size if groups_valid else 1):
             if groups_valid or field != "global_batch_size":
                 add(f"job.{field}", message)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, write_variant
+from tests.helpers import REPO, load_variant, write_variant
 from workloads.fsdp_finetune.metrics import flops_per_token
 from workloads.plan.architectures import KNOWN, ArchitectureError, resolve_architecture, table_key
 
@@ -146,3 +146,36 @@ def test_unknown_architecture_is_refused_unless_skipped(tmp_path):
     assert refused.returncode == 2 and f"{file}: job.model: no architecture known" in refused.stderr
     skipped = run_plan(file, "--skip-unknown")
     assert skipped.returncode == 0 and "job.model" in skipped.stderr
+
+
+def _refused_plan(config) -> dict:
+    """The fields of a refused plan that `suggest.candidates` reads (no simulation needed to choose candidates)."""
+    from workloads.fsdp_finetune.topology import mesh_plan
+
+    return {"sharding": mesh_plan(config).sharding, "largest_micro_batch": 2, "largest_seq_len": 0}
+
+
+def test_suggestions_come_in_order_and_each_is_a_valid_file(tmp_path):
+    from workloads.plan.suggest import candidates
+
+    config = load_variant(tmp_path, {"job": {"model": "Qwen/Qwen2.5-7B"}})
+    found = list(candidates(config, _refused_plan(config)))
+    changes = [change for change, _, _ in found]
+    assert changes[0] == "job.sharding: full"
+    assert changes[1].startswith("nodes (gpu: 4), job.sharding: full")
+    bigger = found[2][1].instance(found[2][1].cluster.worker_groups[0])
+    assert changes[2].startswith(f"instance_type: {bigger.name} ")
+    assert bigger.gpu_visible_memory_mib > config.instance(config.cluster.worker_groups[0]).gpu_visible_memory_mib
+    assert bigger.efa_interfaces > 0  # the file's transport is efa
+    assert changes[3].startswith("job.micro_batch_size: 2")
+    assert [same for _, _, same in found] == [True, True, True, False]  # FLOPs recounted only for a new batch
+    for _, changed, _ in found:
+        assert changed.cross_field_problems() == []
+    assert found[1][1].world_size == 2 * config.world_size
+
+
+def test_full_sharding_is_not_suggested_when_already_full(tmp_path):
+    from workloads.plan.suggest import candidates
+
+    config = load_variant(tmp_path, {"job": {"sharding": "full"}})
+    assert not any(change.startswith("job.sharding") for change, _, _ in candidates(config, _refused_plan(config)))

@@ -86,6 +86,29 @@ def test_heterogeneous_groups_refuse_hybrid_at_load(tmp_path):
     assert "gpu: 4, big: 8" in problem.message and "sharding: full" in problem.message
 
 
+def test_several_pods_per_node_shard_fully_under_auto(tmp_path):
+    # p5.48xlarge with 4 GPUs per pod: two pods a node, which Ray numbers in no node order.
+    config = load_variant(tmp_path, group={"instance_type": "p5.48xlarge", "gpus_per_pod": 4,
+                                           "gpudirect_rdma": True})
+    assert config.ranks_per_node == 8 and config.pods_per_node(config.cluster.worker_groups[0]) == 2
+    assert mesh_plan(config).sharding == "full"
+
+
+def test_several_pods_per_node_refuse_hybrid_at_load(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_variant(tmp_path, {"job": {"sharding": "hybrid"}},
+                     group={"instance_type": "p5.48xlarge", "gpus_per_pod": 4, "gpudirect_rdma": True})
+    (problem,) = err.value.problems
+    assert problem.path == "job.sharding"
+    assert "2 pods on each p5.48xlarge" in problem.message and "gpus_per_pod: 8" in problem.message
+
+
+def test_one_pod_per_node_keeps_hybrid(tmp_path):
+    config = load_variant(tmp_path, {"job": {"sharding": "hybrid"}},
+                          group={"instance_type": "p5.48xlarge", "gpus_per_pod": 8, "gpudirect_rdma": True})
+    assert mesh_plan(config).sharding == "hybrid"
+
+
 # ---- the placement check ---------------------------------------------------------------------
 
 

@@ -68,19 +68,26 @@ class PlanRefusal(Exception):
 def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulation: int,
             activation_checkpointing: bool, bf16_tflops: float, network_gbps: float = 0.0,
             efficiency: float = DEFAULT_EFFICIENCY, reduce_dtype: str = "float32",
-            reshard_after_forward: bool = True, limit_gib: float | None = None) -> dict:
+            reshard_after_forward: bool = True, limit_gib: float | None = None,
+            flops: tuple[float, float] | None = None) -> dict:
     """Memory, FLOPs and step time of one steady-state step of `arch` on `mesh` (`topology.MeshPlan`).
 
     No variable file needed (the GPU benchmark calls this for its own configuration). With
     `limit_gib` and a peak above it, also `largest_micro_batch` (at this `seq_len`, the global
-    batch kept) and, when even one sequence is too many, `largest_seq_len` (halving).
+    batch kept) and, when even one sequence is too many, `largest_seq_len` (halving). `flops` (executed,
+    forward per micro-batch, from an earlier prediction of the same micro-batch) skips counting them again:
+    they depend on the model and the micro-batch, not on the sharding, the GPU or the node count.
     """
     from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, padded_numel
     from workloads.plan.simulate import FakeJob
 
     with FakeJob(arch, mesh_plan=mesh, activation_checkpointing=activation_checkpointing,
                  reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward) as fake:
-        executed_mb, forward_mb = fake.count_flops(micro_batch_size, seq_len)
+        if flops is None:
+            executed_mb, forward_mb = fake.count_flops(micro_batch_size, seq_len)
+        else:
+            executed_mb, forward_mb = flops
+            fake.warm_up(micro_batch_size, seq_len)
         memory = fake.measure(micro_batch_size, seq_len, grad_accumulation)
         state = fake.state_bytes()
         out = {}
@@ -108,12 +115,18 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
         "network_s": network_s,
         "step_time_s": compute_s + network_s,
         "efficiency": efficiency,
+        "flops_per_micro_batch": (executed_mb, forward_mb),
         **out,
     }
 
 
-def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB) -> dict:
-    """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit."""
+def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB,
+              flops: tuple[float, float] | None = None, search_smaller: bool = True) -> dict:
+    """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit.
+
+    `flops` reuses an earlier plan's per-micro-batch FLOPs (`flops_per_micro_batch`) for the same model and
+    micro-batch; `search_smaller=False` skips the search for the largest micro-batch or sequence that fits.
+    """
     from workloads.fsdp_finetune import metrics
     from workloads.fsdp_finetune.topology import mesh_plan
     from workloads.plan.architectures import resolve_architecture
@@ -128,7 +141,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
     step = predict(arch, mesh, micro_batch_size=job.micro_batch_size, seq_len=job.seq_len, grad_accumulation=accum,
                    activation_checkpointing=job.activation_checkpointing, bf16_tflops=hw.bf16_tflops,
                    network_gbps=hw.network_gbps, efficiency=efficiency, reduce_dtype=job.reduce_dtype,
-                   limit_gib=limit_gib)
+                   limit_gib=limit_gib if search_smaller else None, flops=flops)
     world = mesh.world_size
     tokens_per_step = job.global_batch_size * job.seq_len
     formula_flops = metrics.flops_per_token(arch, job.seq_len) * tokens_per_step
@@ -159,6 +172,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "state_bytes_per_gpu": sum(step["state_bytes"].values()),
         "state_by_category_gib": {k: round(v / GIB, 3) for k, v in step["state_bytes"].items()},
         "fits": peak_gib <= limit_gib,
+        "flops_per_micro_batch": list(step["flops_per_micro_batch"]),
         "flops_per_step": step["executed_flops_per_rank"] * world,
         "model_flops_per_step_counted": step["model_flops_per_rank"] * world,
         "model_flops_per_step_formula": formula_flops,

@@ -37,8 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{file}: job.model: {exc}", file=sys.stderr)
         return 0 if args.skip_unknown else 2
     except PlanRefusal as refusal:
-        print(json.dumps(refusal.plan) if args.json else render(refusal.plan, file))
-        print(f"{file}: {refusal}", file=sys.stderr)
+        from workloads.plan import suggest
+
+        options = suggest.suggest(config, refusal.plan, efficiency=args.efficiency, reserve_gib=args.reserve_gib)
+        refusal.plan["suggestions"] = options
+        print(json.dumps(refusal.plan) if args.json else render(refusal.plan, file) + "\n" + suggest.render(options))
+        fitting = next((o for o in options if o["fits"]), None)
+        instead = (f"; what fits instead: {fitting['change']} (peak {fitting['peak_gib_per_gpu']:.1f} GiB, "
+                   f"${fitting['run_cost_usd']:,.2f})" if fitting else "")
+        print(f"{file}: {refusal}{instead}", file=sys.stderr)
         return 2
     print(json.dumps(plan) if args.json else render(plan, file))
     return 0

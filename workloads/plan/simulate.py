@@ -199,6 +199,13 @@ class FakeJob(contextlib.AbstractContextManager):
         self.model.reshard()  # the root stays gathered after a forward (reshard_after_forward=False)
         return float(executed), float(counter.get_total_flops())
 
+    def warm_up(self, micro_batch_size: int, seq_len: int) -> None:
+        """The first step, which creates AdamW's state, uncounted: for when the FLOPs are already known."""
+        from workloads.fsdp_finetune.train import train_step
+
+        (batch,) = self._micro_batches(micro_batch_size, seq_len, 1)
+        train_step(self.model, self.optimizer, [batch], grad_clip=self.grad_clip, device=torch.device("cpu"))
+
     def measure(self, micro_batch_size: int, seq_len: int, grad_accumulation: int) -> StepMemory:
         """The peak of one steady-state `train_step` under the FSDP2 memory tracker (after `count_flops`).
 
