@@ -111,7 +111,9 @@ def _initialization_commands(config: ClusterConfig, outputs: dict[str, str]) -> 
 def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], init: list[str]) -> dict:
     itype = load_catalog().instances[group.instance_type]
     efa = efa_devices(config, group)
-    sizing = node_sizing(itype.memory_gib, efa=bool(efa))
+    # The same /dev/shm, object store and huge pages as the group's Ray pod on EKS (one per node: the EC2
+    # target requires gpus_per_pod = the type's GPUs), so the preflight's expectations hold on both targets.
+    res = config.pod_resources[group.name]
     node_config: dict = {
         "InstanceType": group.instance_type,
         "ImageId": outputs["ImageId"],
@@ -130,18 +132,19 @@ def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], ini
         node_config["SecurityGroupIds"] = [outputs["SecurityGroupId"]]
     if group.capacity == "spot":
         node_config["InstanceMarketOptions"] = {"MarketType": "spot"}
-    run_options = [f"--shm-size={sizing.shm_gib}g",
+    run_options = [f"--shm-size={res.shm_gib}g",
                    *_env_options({**transport_env(config, group), **GPU_ALLOCATOR_ENV,
-                                  OBJECT_STORE_ENV: str(sizing.object_store_mib * 1024**2)})]
+                                  OBJECT_STORE_ENV: str(res.object_store_bytes)})]
     if efa:
         # The EFA devices (one uverbs per EFA interface) and what libfabric needs to pin memory with them
         # (the DLC's EC2 instructions; on EKS the device plugin and IPC_LOCK do the same).
         run_options += [f"--device=/dev/infiniband/uverbs{n}" for n in range(efa)]
         run_options += [f"--cap-add {cap}" for cap in EFA_CAPABILITIES]
     commands = list(init)
-    if sizing.hugepages_mib:
-        # libfabric's EFA provider takes its bounce buffers from 2 MiB huge pages (5 GiB, as on EKS).
-        commands.append(f"sudo sysctl -w vm.nr_hugepages={sizing.hugepages_mib // 2}")
+    if res.hugepages_2mi_mib:
+        # libfabric's EFA provider takes its bounce buffers from 2 MiB huge pages (as on EKS, where the launch
+        # template's user data reserves them; config.nvidia_nodes_hugepages is the same count).
+        commands.append(f"sudo sysctl -w vm.nr_hugepages={config.nvidia_nodes_hugepages(group)}")
     return {
         "node_config": node_config,
         "resources": {"CPU": itype.vcpus, "GPU": itype.gpus},
@@ -155,7 +158,7 @@ def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], ini
 def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: Path) -> dict:
     """The `ray up` cluster config for `config` on the EC2 stack with `outputs`; `app_dir` is the local code bundle."""
     head_type = load_catalog().instances[config.ec2.head_instance_type]
-    head_sizing = node_sizing(head_type.memory_gib, efa=False)
+    head_sizing = node_sizing(head_type.memory_gib)
     init = _initialization_commands(config, outputs)
     env = {**_code_env(config), "CHECKPOINT_BUCKET": outputs["BucketName"]}
     run_options = ["--ulimit memlock=-1", *_env_options(env)]

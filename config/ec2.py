@@ -40,8 +40,6 @@ STACK_OUTPUTS = ("HeadInstanceProfileArn", "WorkerInstanceProfileArn", "WorkerRo
                  "AvailabilityZone", "PlacementGroupName", "ImageId", "AuthTokenSecretArn", "BucketName",
                  "CheckpointUri")
 NETWORK_OUTPUTS = ("GpuSubnetId",)
-# libfabric's EFA provider registers bounce buffers in 2 MiB huge pages (as on EKS: 5 GiB per node).
-EFA_HUGEPAGES_MIB = 5120
 
 
 class Ec2Config(BaseModel):
@@ -69,27 +67,20 @@ class Ec2Config(BaseModel):
 
 @dataclass(frozen=True, kw_only=True)
 class NodeSizing:
-    """What one Ray container on an EC2 node gets (one container per node: all its GPUs and EFA devices)."""
+    """What the Ray container on the EC2 head gets (workers get their EKS pod's sizes, `pod_resources`)."""
 
     shm_gib: int
     """`docker run --shm-size`, GiB."""
     object_store_mib: int
-    """`ray start --object-store-memory`, MiB (inside /dev/shm, the rest left to NCCL)."""
-    hugepages_mib: int
-    """2 MiB huge pages the node reserves before Ray starts, MiB (0 without EFA)."""
+    """`ray start --object-store-memory`, MiB (inside /dev/shm)."""
 
 
-def node_sizing(memory_gib: int, *, efa: bool) -> NodeSizing:
-    """/dev/shm, object store and huge pages for a node of `memory_gib` GiB.
-
-    Same rule as a pod on EKS (a quarter of the usable memory, capped at 64 GiB; three quarters of it
-    for Ray's object store), applied to the whole instance since the container is not memory-limited.
-    """
-    hugepages = EFA_HUGEPAGES_MIB if efa else 0
-    usable_gib = int(memory_gib * _USABLE_MEMORY_FRACTION) - hugepages // 1024
+def node_sizing(memory_gib: int) -> NodeSizing:
+    """/dev/shm and object store for a head instance of `memory_gib` GiB: the EKS pod rule (a quarter of the
+    usable memory, capped at 64 GiB; three quarters of it for Ray's object store) over the whole instance."""
+    usable_gib = int(memory_gib * _USABLE_MEMORY_FRACTION)
     shm = max(1, min(_SHM_CAP_GIB, int(usable_gib * _SHM_FRACTION)))
-    return NodeSizing(shm_gib=shm, object_store_mib=int(shm * 1024 * _OBJECT_STORE_SHM_FRACTION),
-                      hugepages_mib=hugepages)
+    return NodeSizing(shm_gib=shm, object_store_mib=int(shm * 1024 * _OBJECT_STORE_SHM_FRACTION))
 
 
 def efa_devices(config: Any, group: Any) -> int:
@@ -112,9 +103,16 @@ def ec2_problems(config: Any) -> list[tuple[str, str]]:
                          "nothing (its Ray resources are CPU 0, GPU 0); pick a CPU type such as m7i.2xlarge"))
     if config.target != "ec2":
         return problems
+    catalog = load_catalog()
     for index, group in enumerate(config.cluster.worker_groups):
+        itype = catalog.get(group.instance_type)
+        if itype is not None and itype.gpus and group.gpus_per_pod != itype.gpus:
+            problems.append((f"cluster.worker_groups.{index}.gpus_per_pod", f"{group.gpus_per_pod}, but target: ec2 "
+                             f"runs one Ray container per node holding all {itype.name}'s {itype.gpus} GPUs; set "
+                             f"gpus_per_pod: {itype.gpus}"))
         if group.capacity == "capacity_block":
             problems.append((f"cluster.worker_groups.{index}.capacity", "capacity_block is not supported by "
                              "target: ec2 (the launcher YAML has no capacity-block market); use on_demand or spot, "
                              "or target: eks"))
     return problems
+

@@ -101,6 +101,15 @@ def test_capacity_block_is_refused_for_ec2_only(tmp_path):
     assert "cluster.worker_groups.0.capacity: capacity_block is not supported by target: ec2" in str(err.value)
 
 
+def test_a_gpu_share_per_container_is_refused_for_ec2(tmp_path):
+    socket = {"nccl": {"transport": "socket"}}  # on EFA the EKS rules already want one pod per g6.12xlarge
+    assert load_variant(tmp_path, socket, group={"gpus_per_pod": 2}).target == "eks"
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, socket, group={"gpus_per_pod": 2})
+    assert ("cluster.worker_groups.0.gpus_per_pod: 2, but target: ec2 runs one Ray container per node holding all "
+            "g6.12xlarge's 4 GPUs; set gpus_per_pod: 4") in str(err.value)
+
+
 def test_idle_timeout_bounds(tmp_path):
     with pytest.raises(ConfigError) as err:
         ec2_variant(tmp_path, {"ec2": {"idle_timeout_minutes": 0}})
@@ -177,7 +186,12 @@ def test_docker_image_is_ray_image_and_efa_run_options(tmp_path):
     worker = launcher["available_node_types"]["gpu"]["docker"]["worker_run_options"]
     assert worker.count("--device=/dev/infiniband/uverbs0") == 1
     assert "--cap-add IPC_LOCK" in worker
-    assert "--shm-size=41g" in worker  # a quarter of g6.12xlarge's usable 192 GiB, less 5 GiB huge pages
+    # The group's EKS pod sizes (so the preflight expects the same on both targets).
+    res = config.pod_resources["gpu"]
+    assert f"--shm-size={res.shm_gib}g" in worker
+    assert f"--env RAY_EFA_OBJECT_STORE_BYTES={res.object_store_bytes}" in worker
+    init = launcher["available_node_types"]["gpu"]["initialization_commands"]
+    assert f"sudo sysctl -w vm.nr_hugepages={config.nvidia_nodes_hugepages(config.cluster.worker_groups[0])}" in init
 
 
 def test_p5_gets_32_interfaces_laid_out_as_the_launch_template_and_32_devices(tmp_path):
@@ -536,3 +550,12 @@ def test_workers_reach_the_bucket_prefix_and_nothing_of_ec2(ec2_synth):
     assert "ec2:" not in json.dumps(statements) and "iam:" not in json.dumps(statements)
     objects = next(s for s in statements if s.get("Sid") == "ObjectsUnderPrefix")
     assert json.dumps(objects["Resource"]).endswith('/ray-finetune/*"]]}')
+
+
+def test_ec2_cost_idle_and_running_for_the_default_file():
+    from config.target import ec2_cost_per_hour
+
+    config = load_config()
+    # Idle: one m7i.2xlarge head and the NAT gateway; running: plus 2 x g6.12xlarge (catalog prices).
+    assert ec2_cost_per_hour(config) == pytest.approx((0.4032 + 0.045, 0.4032 + 0.045 + 2 * 4.6016))
+    assert ec2_cost_per_hour(config)[0] < config.idle_cost_per_hour
