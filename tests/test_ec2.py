@@ -559,3 +559,16 @@ def test_ec2_cost_idle_and_running_for_the_default_file():
     # Idle: one m7i.2xlarge head and the NAT gateway; running: plus 2 x g6.12xlarge (catalog prices).
     assert ec2_cost_per_hour(config) == pytest.approx((0.4032 + 0.045, 0.4032 + 0.045 + 2 * 4.6016))
     assert ec2_cost_per_hour(config)[0] < config.idle_cost_per_hour
+
+
+@pytest.mark.parametrize("example", ["cluster", "socket", "single-node"])
+def test_docs_cost_table_matches_the_model(example):
+    from config.target import ec2_cost_per_hour
+
+    path = REPO / "config" / "cluster.yaml" if example == "cluster" else EXAMPLES / f"{example}.yaml"
+    config = load_config(path)
+    row = next(line for line in (REPO / "docs" / "ec2.md").read_text().splitlines()
+               if line.startswith(f"| `{path.relative_to(REPO)}`"))
+    figures = [float(cell) for cell in row.strip("|").split("|")[1:]]
+    expected = [config.idle_cost_per_hour, config.cost_per_hour, *ec2_cost_per_hour(with_target(config, "ec2"))]
+    assert figures == [round(v, 2) for v in expected]
