@@ -27,13 +27,16 @@ from pathlib import Path
 
 import yaml
 
-from charts import bundle
-from charts.ray import EFA_CAPABILITIES, GPU_ALLOCATOR_ENV, _code_env, runtime_env_json, transport_env
 from config import ClusterConfig, load_catalog, load_or_exit, resolve_path
+from config.cli import add_file_argument, chosen_file
 from config.ec2 import NETWORK_OUTPUTS, ROOT_DEVICE, SSH_USER, STACK_OUTPUTS, efa_devices, node_sizing
 from config.efa import INTERFACE_TYPES, efa_interface_layout
 from config.loader import REPO_ROOT
 
+# charts.bundle and charts.ray are imported where used: they load cdk8s (jsii, a Node.js process), which
+# `--help` and the tests of the pure parts do not need.
+MOUNT_PATH = "/app"
+"""Where `file_mounts` puts the code bundle in every container: charts.bundle.MOUNT_PATH, the pods' mount."""
 HEAD_TYPE = "head"
 OUT_DIR = REPO_ROOT / "out" / "ec2"
 AUTH_ENV_FILE = f"/home/{SSH_USER}/.ray-auth.env"
@@ -109,6 +112,8 @@ def _initialization_commands(config: ClusterConfig, outputs: dict[str, str]) -> 
 
 
 def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], init: list[str]) -> dict:
+    from charts.ray import EFA_CAPABILITIES, GPU_ALLOCATOR_ENV, transport_env
+
     itype = load_catalog().instances[group.instance_type]
     efa = efa_devices(config, group)
     # The same /dev/shm, object store and huge pages as the group's Ray pod on EKS (one per node: the EC2
@@ -157,6 +162,8 @@ def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], ini
 
 def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: Path) -> dict:
     """The `ray up` cluster config for `config` on the EC2 stack with `outputs`; `app_dir` is the local code bundle."""
+    from charts.ray import _code_env
+
     head_type = load_catalog().instances[config.ec2.head_instance_type]
     head_sizing = node_sizing(head_type.memory_gib)
     init = _initialization_commands(config, outputs)
@@ -219,7 +226,7 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
         "auth": auth,
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
-        "file_mounts": {bundle.MOUNT_PATH: str(app_dir)},
+        "file_mounts": {MOUNT_PATH: str(app_dir)},
         "cluster_synced_files": [],
         "file_mounts_sync_continuously": False,
         "rsync_exclude": ["**/__pycache__"],
@@ -290,6 +297,9 @@ def node_config_problems(launcher: dict, config: ClusterConfig, outputs: dict[st
 
 def write_app_dir(config_file: Path, config: ClusterConfig, app_dir: Path) -> None:
     """The code bundle the EKS ConfigMap carries, as files under `app_dir` (mounted at /app by `file_mounts`)."""
+    from charts import bundle
+    from charts.ray import runtime_env_json
+
     code = bundle.collect(config_file, runtime_env_json=runtime_env_json(config), config=config)
     for key, text in code.data.items():
         target = app_dir / code.paths[key]
@@ -317,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m charts.launcher", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rend = sub.add_parser("render", help="write the ray up YAML and the /app bundle from the stack's outputs")
-    rend.add_argument("--config", help="variable file (default: $CLUSTER_CONFIG, else config/cluster.yaml)")
+    add_file_argument(rend)
     source = rend.add_mutually_exclusive_group(required=True)
     source.add_argument("--outputs", type=Path,
                         help="JSON of the stack's outputs (describe-stacks or cdk --outputs-file)")
@@ -325,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="read the deployed <cluster>-network and <cluster>-ec2 stacks' outputs (CloudFormation)")
     rend.add_argument("--out-dir", type=Path, default=OUT_DIR, help=f"where to write (default: {OUT_DIR})")
     args = parser.parse_args(argv)
-    config_file = resolve_path(args.config)
+    config_file = resolve_path(chosen_file(rend, args))
     config = load_or_exit(config_file)
     try:
         if args.outputs:

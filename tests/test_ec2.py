@@ -285,6 +285,13 @@ def test_project_checks_catch_what_the_emulator_accepts():
         "'ray-efa-ec2-PlacementGroup-1A2B3C4D5E6F'"]
 
 
+def test_file_mounts_put_the_bundle_where_the_pods_mount_it():
+    from charts import bundle
+    from charts.launcher import MOUNT_PATH
+
+    assert MOUNT_PATH == bundle.MOUNT_PATH
+
+
 def test_render_command_writes_the_yaml_and_the_app_bundle(tmp_path):
     out = tmp_path / "ec2"
     assert main(["render", "--outputs", str(FIXTURE), "--out-dir", str(out)]) == 0

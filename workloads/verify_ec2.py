@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from config.catalog import load_catalog
+from config.cli import add_file_argument, chosen_file
 from workloads.verify import Row, check_preflight, failed, parse_preflight_marker, render
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -86,14 +87,14 @@ def gather(address: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """0 all passed, 1 a check failed, 2 the dashboard cannot be reached or a bad variable file."""
     parser = argparse.ArgumentParser(prog="python -m workloads.verify_ec2", description="Verify a `ray up` cluster.")
-    parser.add_argument("--config", help="variable file (default: $CLUSTER_CONFIG or config/cluster.yaml)")
+    add_file_argument(parser)
     parser.add_argument("--address", default=DEFAULT_ADDRESS,
                         help=f"the Ray dashboard (default: {DEFAULT_ADDRESS}, where `ray dashboard` forwards it)")
     args = parser.parse_args(argv)
 
     from config import load_or_exit
 
-    config = load_or_exit(args.config)
+    config = load_or_exit(chosen_file(parser, args))
     address = args.address
     try:
         snapshot = gather(address)
