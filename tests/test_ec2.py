@@ -372,8 +372,10 @@ def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
         # IAM: the head's profile from the stack is used as is (no ray-autoscaler-v1 role created).
         assert types[HEAD_TYPE]["node_config"]["IamInstanceProfile"] == {"Arn": profiles["head"]}
         assert sorted(r["RoleName"] for r in iam.list_roles()["Roles"]) == ["head", "worker"]
-        # The worker's resources, autodetected from the emulator's instance types, then the file's own.
-        assert types["gpu"]["resources"]["GPU"] == 4
+        # Resources: Ray's autodetection read the emulator's instance types (it adds the worker's memory and
+        # accelerator type), then the file's own CPU and GPU counts win.
+        assert types["gpu"]["resources"]["GPU"] == 4 and types["gpu"]["resources"]["memory"] > 0
+        assert types[HEAD_TYPE]["resources"] == {"CPU": 0, "GPU": 0}
 
         provider = AWSNodeProvider(bootstrapped["provider"], bootstrapped["cluster_name"])
         provider.create_node(types["gpu"]["node_config"], {TAG_RAY_NODE_KIND: "worker",
