@@ -108,6 +108,7 @@ checkov: synth $(CHECKOV_VENV)/.installed
 	$(PY) -m charts.scan dist out/checkov
 	$(CHECKOV) --framework kubernetes -d out/checkov
 	$(CHECKOV) --framework cloudformation -d cdk.out
+	$(CHECKOV) --framework cloudformation -d $(EC2_DIR)/cdk.out
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache

@@ -18,7 +18,7 @@ from constructs import Construct
 
 from config import ClusterConfig
 from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
-from stacks.nag import acknowledge, managed_policy
+from stacks.nag import acknowledge, checkov_skip, managed_policy
 from stacks.storage import grant_job_access
 
 # Ray's default key pair name is `ray-autoscaler_<region>` (ray/autoscaler/_private/aws/config.py key_pair,
@@ -65,6 +65,9 @@ class Ec2ClusterStack(cdk.Stack):
             acknowledge(self.secret, "AwsSolutions-SMG4",
                         "The Ray token lives as long as the cluster; rotating it would need every Ray process "
                         "restarted, so it is replaced by recreating the stack (docs/ec2.md).")
+            checkov_skip(self.secret, "CKV_AWS_149",
+                         "Encrypted with Secrets Manager's AWS-managed key; only this stack's two instance roles may "
+                         "read it (GetSecretValue on this ARN), which a customer-managed key's policy would repeat.")
 
         bucket = s3.Bucket.from_bucket_name(self, "CheckpointBucket", config.bucket_name(cdk.Aws.ACCOUNT_ID))
         self.worker_role = self._node_role("WorkerRole", f"{name} Ray workers: checkpoint prefix, Ray token",

@@ -581,3 +581,9 @@ def test_docs_cost_table_matches_the_model(example):
     figures = [float(cell) for cell in row.strip("|").split("|")[1:]]
     expected = [config.idle_cost_per_hour, config.cost_per_hour, *ec2_cost_per_hour(with_target(config, "ec2"))]
     assert figures == [round(v, 2) for v in expected]
+
+
+def test_the_token_secrets_checkov_finding_is_acknowledged_with_its_reason(ec2_synth):
+    (secret,) = _resources(ec2_synth[1]["ec2"], "AWS::SecretsManager::Secret").values()
+    skips = {s["id"]: s["comment"] for s in secret["Metadata"]["checkov"]["skip"]}
+    assert list(skips) == ["CKV_AWS_149"] and "AWS-managed key" in skips["CKV_AWS_149"]
