@@ -29,7 +29,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check synth synth-cdk synth-k8s demo test check lint bench checkov clean
+.PHONY: setup tools node-check synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools
@@ -56,10 +56,17 @@ node_modules/.installed: package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-synth: synth-cdk synth-k8s
+synth: synth-cdk synth-k8s synth-ec2
 
 synth-cdk: setup
 	npx cdk synth --quiet
+
+# The EC2 target (docs/ec2.md) from the same file: its stacks, and the `ray up` YAML rendered from a fixture of
+# the stacks' outputs (after a real deploy: python -m charts.launcher render --deployed).
+EC2_DIR ?= out/ec2
+synth-ec2: setup
+	npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out
+	$(PY) -m charts.launcher render --outputs tests/fixtures/ec2_stack_outputs.json --out-dir $(EC2_DIR)
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup
@@ -71,7 +78,8 @@ demo: tools
 	@mkdir -p $(DEMO_DIR)
 	@synth=ok; $(MAKE) -s --no-print-directory synth > $(DEMO_DIR)/synth.log 2>&1 || synth=failed; \
 	if [ $$synth = ok ]; then \
-	  echo "synthesized cdk.out/ (CloudFormation) and dist/ (Kubernetes manifests); log in $(DEMO_DIR)/synth.log"; \
+	  echo "synthesized cdk.out/ (CloudFormation), dist/ (Kubernetes manifests) and out/ec2/ (the EC2 target's stacks" \
+	    "and ray up YAML); log in $(DEMO_DIR)/synth.log"; \
 	else tail -n 15 $(DEMO_DIR)/synth.log; \
 	  echo "make demo: synthesis failed (log: $(DEMO_DIR)/synth.log); running the local fine-tune anyway" >&2; fi; \
 	$(PY) -m workloads.fsdp_finetune --local --output-dir $(DEMO_DIR) $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS)) \
@@ -104,6 +112,7 @@ checkov: synth $(CHECKOV_VENV)/.installed
 	$(PY) -m charts.scan dist out/checkov
 	$(CHECKOV) --framework kubernetes -d out/checkov
 	$(CHECKOV) --framework cloudformation -d cdk.out
+	$(CHECKOV) --framework cloudformation -d $(EC2_DIR)/cdk.out
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache

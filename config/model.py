@@ -22,6 +22,7 @@ from config.cluster_fields import (
     SystemNodes,
     WorkerGroup,
 )
+from config.ec2 import Ec2Config, Target
 from config.job_fields import JobConfig
 from config.prices import EKS_CONTROL_PLANE_USD_PER_HOUR, NAT_GATEWAY_USD_PER_HOUR, CostsMixin
 from config.ray_fields import HeadConfig, RayConfig, StorageConfig
@@ -77,3 +78,6 @@ class ClusterConfig(RulesMixin, TopologyMixin, ResourcesMixin, StorageMixin, Cos
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray, KubeRay and image.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Checkpoint storage.")
     job: JobConfig = Field(default_factory=JobConfig, description="The fine-tuning job.")
+    target: Target = Field(default="eks", description="Where Ray runs: eks (KubeRay on the EKS cluster) or ec2 "
+                           "(Ray's cluster launcher on plain EC2, no Kubernetes; docs/ec2.md).")
+    ec2: Ec2Config = Field(default_factory=Ec2Config, description="The EC2 target's head, access and idle timeout.")

@@ -9,6 +9,7 @@ from pathlib import Path
 from config.base import Problem
 from config.catalog import load_catalog
 from config.cluster_fields import WorkerGroup
+from config.ec2 import ec2_problems
 from config.hints import did_you_mean
 from config.resources import _SYSTEM_PODS_CPU_M, _SYSTEM_PODS_MEM_MIB, _allocatable
 from config.s3 import _ACCOUNT_ID_CHARS, S3_BUCKET_NAME_MAX
@@ -51,6 +52,7 @@ class RulesMixin:
         problems: list[Problem] = []
         catalog = load_catalog()
         add = lambda path, message: problems.append(Problem(path=path, message=message))  # noqa: E731
+        problems.extend(Problem(path=path, message=message) for path, message in ec2_problems(self))
 
         region_azs = catalog.availability_zones(self.region)
         if region_azs is None:

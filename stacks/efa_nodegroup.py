@@ -8,6 +8,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from config import ClusterConfig, WorkerGroup
+from config.efa import efa_interface_layout
 from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
 from stacks.asg_tags import AsgTags, discovery_tags, node_template_tags
 from stacks.launch_template import metadata_options, name_tag, node_user_data, root_volume
@@ -36,27 +37,11 @@ def accelerator_label(gpu_model: str) -> str:
 
 
 def efa_network_interfaces(count: int, security_group_ids: list[str]) -> list[LT.NetworkInterfaceProperty]:
-    """Launch-template interfaces for `count` EFA devices, one per network card.
-
-    One card (g6.12xlarge): a single `efa` interface (EFA with ENA) at card 0 / device 0, which also
-    carries the node's IP traffic.
-
-    Several cards (p4d.24xlarge: 4, p5en.48xlarge: 16, p5.48xlarge: 32) as the current EC2 guide lays
-    them out ("Maximize network bandwidth on Amazon EC2 instances with multiple network cards",
-    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the primary interface
-    at card 0 / device 0 is a plain ENA `interface` (an EFA-only interface cannot be primary); card 0's
-    EFA is an `efa-only` interface at device 1; every further card gets an `efa-only` interface at
-    device 0. `efa-only` interfaces take no subnet address, so the 32 devices of a p5 do not use up
-    pod IPs; the node has `count` EFA devices and one ENA interface.
-    """
-    def interface(card: int, device: int, kind: str) -> LT.NetworkInterfaceProperty:
-        return LT.NetworkInterfaceProperty(device_index=device, network_card_index=card, interface_type=kind,
-                                           groups=security_group_ids, delete_on_termination=True)
-
-    if count == 1:
-        return [interface(0, 0, "efa")]
-    return [interface(0, 0, "interface"), interface(0, 1, "efa-only"),
-            *(interface(card, 0, "efa-only") for card in range(1, count))]
+    """Launch-template interfaces for `count` EFA devices, laid out by `config.efa.efa_interface_layout`
+    (the same layout the EC2 target's launcher YAML uses)."""
+    return [LT.NetworkInterfaceProperty(device_index=i.device, network_card_index=i.card, interface_type=i.kind,
+                                        groups=security_group_ids, delete_on_termination=True)
+            for i in efa_interface_layout(count)]
 
 
 class EfaNodeGroup(Construct):

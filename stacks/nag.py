@@ -46,24 +46,27 @@ def _logical_id(construct: IConstruct) -> str:
     return cdk.Stack.of(construct).get_logical_id(construct.node.default_child)
 
 
-def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack, storage: StorageStack) -> None:
-    """Acknowledge the AwsSolutions findings this design accepts, resource by resource."""
-    cluster = cluster_stack.cluster
-    acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
-                "EKS requires its control-plane role to carry AmazonEKSClusterPolicy; AWS keeps it current "
-                "as EKS needs change.")
-    for nodegroup in cluster_stack.nodegroups:
-        for policy in _NODE_POLICIES:
-            acknowledge(nodegroup.role, managed_policy(policy),
-                        f"{policy} is one of the three policies EKS documents for managed node group roles; "
-                        "pods get their own AWS access through Pod Identity, not through the node role.")
-    _acknowledge_kubectl_provider(cluster_stack)
-    _acknowledge_autoscaling(cluster_stack)
+def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack | None,
+                         storage: StorageStack) -> None:
+    """Acknowledge the AwsSolutions findings this design accepts, resource by resource (no cluster: the EC2
+    target, whose own stack acknowledges its findings in stacks/ec2.py)."""
+    if cluster_stack is not None:
+        cluster = cluster_stack.cluster
+        acknowledge(cluster.role, managed_policy("AmazonEKSClusterPolicy"),
+                    "EKS requires its control-plane role to carry AmazonEKSClusterPolicy; AWS keeps it current "
+                    "as EKS needs change.")
+        for nodegroup in cluster_stack.nodegroups:
+            for policy in _NODE_POLICIES:
+                acknowledge(nodegroup.role, managed_policy(policy),
+                            f"{policy} is one of the three policies EKS documents for managed node group roles; "
+                            "pods get their own AWS access through Pod Identity, not through the node role.")
+        _acknowledge_kubectl_provider(cluster_stack)
+        _acknowledge_autoscaling(cluster_stack)
 
-    if cluster_stack.node.try_find_child("CloudWatchAgentRole"):
-        acknowledge(cluster_stack.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
-                    "The policy AWS documents for the amazon-cloudwatch-observability add-on's agent; bound to "
-                    "that agent's service account only, through Pod Identity.")
+        if cluster_stack.node.try_find_child("CloudWatchAgentRole"):
+            acknowledge(cluster_stack.cloudwatch_agent_role, managed_policy("CloudWatchAgentServerPolicy"),
+                        "The policy AWS documents for the amazon-cloudwatch-observability add-on's agent; bound to "
+                        "that agent's service account only, through Pod Identity.")
 
     access_logs = ("Holds only this job's checkpoints and model exports, written by one role; server access logs "
                    "would need a second bucket for little audit value (use CloudTrail S3 data events if required).")
@@ -81,14 +84,15 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack, 
     checkov_skip(network.flow_logs, "CKV_AWS_158",
                  "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
                  "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")
-    acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::{bucket_arn}/{storage.prefix}/*]",
-                "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
-                "shards at run time, so this is the narrowest grant that lets it write them.")
-    for field, location in storage.s3_sources.items():
-        acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{location.bucket}/"
-                    f"{location.key}/*]",
-                    f"Read-only (s3:GetObject) on the objects under job.{field}'s own s3:// prefix; the files there "
-                    "are only known at run time.")
+    if storage.role is not None:  # the Pod Identity role (target: eks)
+        acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::{bucket_arn}/{storage.prefix}/*]",
+                    "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
+                    "shards at run time, so this is the narrowest grant that lets it write them.")
+        for field, location in storage.s3_sources.items():
+            acknowledge(storage.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::{location.bucket}/"
+                        f"{location.key}/*]",
+                        f"Read-only (s3:GetObject) on the objects under job.{field}'s own s3:// prefix; the files "
+                        "there are only known at run time.")
     auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
     if auto_delete is not None:
         for check in ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117"):

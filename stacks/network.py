@@ -47,3 +47,9 @@ class NetworkStack(cdk.Stack):
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_logs),
         )
         cdk.CfnOutput(self, "VpcId", value=self.vpc.vpc_id, description="VPC of the cluster.")
+        # Where the GPU nodes live; the EC2 target's launcher YAML reads it from here (an output of the EC2 stack
+        # that only re-exported it would be an output of an import, cfn-lint W6001).
+        self.gpu_subnet_id = self.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
+                                                     availability_zones=[config.gpu_availability_zone]).subnet_ids[0]
+        cdk.CfnOutput(self, "GpuSubnetId", value=self.gpu_subnet_id,
+                      description="Private subnet in gpu_availability_zone (the EC2 target's nodes).")

@@ -1,4 +1,4 @@
-"""The storage stack: the checkpoint bucket and the Ray service account's access to it."""
+"""The storage stack: the checkpoint bucket and, on EKS, the Ray service account's access to it."""
 
 from __future__ import annotations
 
@@ -25,11 +25,39 @@ def read_statements(field: str, location: S3Location) -> list[iam.PolicyStatemen
     ]
 
 
+def grant_job_access(role: iam.Role, *, bucket: s3.IBucket, config: ClusterConfig) -> None:
+    """What every Ray process needs in S3, on `role`: read/write under `storage.prefix` of the checkpoint
+    bucket only, and read-only on the job's `s3://` model and dataset (`job.s3_sources`), each exactly its
+    prefix. The EKS Pod Identity role and the EC2 target's head and worker instance roles get the same."""
+    prefix = config.storage.prefix
+    role.add_to_policy(iam.PolicyStatement(
+        sid="ObjectsUnderPrefix",
+        actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                 "s3:ListMultipartUploadParts"],
+        resources=[bucket.arn_for_objects(f"{prefix}/*")]))
+    role.add_to_policy(iam.PolicyStatement(
+        sid="ListPrefixOnly",
+        actions=["s3:ListBucket"],
+        resources=[bucket.bucket_arn],
+        # IfExists: HeadBucket (pyarrow's create_dir, Ray Train's StorageContext before its first
+        # write) is authorized as s3:ListBucket but carries no s3:prefix, and a plain StringLike
+        # never matches a missing key, so it was denied (apache/arrow#49949). The price: a listing
+        # without a prefix may see key names bucket-wide; this bucket holds only this job's prefix.
+        # A listing naming another prefix is still denied; object access stays <prefix>/* (above).
+        conditions={"StringLikeIfExists": {"s3:prefix": [prefix, f"{prefix}/*"]}}))
+    role.add_to_policy(iam.PolicyStatement(
+        sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[bucket.bucket_arn]))
+    for field, location in config.job.s3_sources.items():
+        for statement in read_statements(field, location):
+            role.add_to_policy(statement)
+
+
 class StorageStack(cdk.Stack):
     """A private, versioned, TLS-only bucket and a Pod Identity role limited to `storage.prefix`, plus
     read-only access to the job's `s3://` model and dataset (`s3_sources`), each exactly its prefix."""
 
-    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, cluster: eks.ICluster, **kwargs) -> None:
+    def __init__(self, scope: Construct, id: str, *, config: ClusterConfig, cluster: eks.ICluster | None,
+                 **kwargs) -> None:
         super().__init__(scope, id, **kwargs)
         storage = config.storage
         self.prefix = storage.prefix
@@ -42,43 +70,26 @@ class StorageStack(cdk.Stack):
         else:
             self.bucket = self._new_bucket(config.bucket_name(cdk.Aws.ACCOUNT_ID), storage, destroy=destroy)
 
-        self.role = iam.Role(
-            self,
-            "RayPodRole",
-            assumed_by=pod_identity_principal(cluster, namespace=config.ray.namespace,
-                                              service_account=config.ray.service_account),
-            description=f"Ray pods in {config.ray.namespace}/{config.ray.service_account}: "
-                        f"s3://<bucket>/{storage.prefix}/ only",
-        )
-        objects = self.bucket.arn_for_objects(f"{storage.prefix}/*")
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="ObjectsUnderPrefix",
-            actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-                     "s3:ListMultipartUploadParts"],
-            resources=[objects]))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="ListPrefixOnly",
-            actions=["s3:ListBucket"],
-            resources=[self.bucket.bucket_arn],
-            # IfExists: HeadBucket (pyarrow's create_dir, Ray Train's StorageContext before its first
-            # write) is authorized as s3:ListBucket but carries no s3:prefix, and a plain StringLike
-            # never matches a missing key, so it was denied (apache/arrow#49949). The price: a listing
-            # without a prefix may see key names bucket-wide; this bucket holds only this job's prefix.
-            # A listing naming another prefix is still denied; object access stays <prefix>/* (above).
-            conditions={"StringLikeIfExists": {"s3:prefix": [storage.prefix, f"{storage.prefix}/*"]}}))
-        self.role.add_to_policy(iam.PolicyStatement(
-            sid="BucketRegion", actions=["s3:GetBucketLocation"], resources=[self.bucket.bucket_arn]))
-
         self.s3_sources = config.job.s3_sources
-        for field, location in self.s3_sources.items():
-            for statement in read_statements(field, location):
-                self.role.add_to_policy(statement)
-
-        # The service account itself is created by the cdk8s chart with the same name; the
-        # association binds whatever pod runs as it, so the two deploy in either order.
-        self.association = eks.CfnPodIdentityAssociation(
-            self, "RayPodIdentity", cluster_name=cluster.cluster_name, namespace=config.ray.namespace,
-            service_account=config.ray.service_account, role_arn=self.role.role_arn)
+        # Pod Identity needs the EKS cluster; the EC2 target (no cluster) grants the same access to its
+        # instance roles through `grant_job_access` and deploys this stack without one.
+        self.role: iam.Role | None = None
+        self.association: eks.CfnPodIdentityAssociation | None = None
+        if cluster is not None:
+            self.role = iam.Role(
+                self,
+                "RayPodRole",
+                assumed_by=pod_identity_principal(cluster, namespace=config.ray.namespace,
+                                                  service_account=config.ray.service_account),
+                description=f"Ray pods in {config.ray.namespace}/{config.ray.service_account}: "
+                            f"s3://<bucket>/{storage.prefix}/ only",
+            )
+            grant_job_access(self.role, bucket=self.bucket, config=config)
+            # The service account itself is created by the cdk8s chart with the same name; the
+            # association binds whatever pod runs as it, so the two deploy in either order.
+            self.association = eks.CfnPodIdentityAssociation(
+                self, "RayPodIdentity", cluster_name=cluster.cluster_name, namespace=config.ray.namespace,
+                service_account=config.ray.service_account, role_arn=self.role.role_arn)
 
         cdk.CfnOutput(self, "BucketName", value=self.bucket.bucket_name, description="Checkpoint bucket.")
         cdk.CfnOutput(self, "CheckpointUri",
@@ -86,10 +97,11 @@ class StorageStack(cdk.Stack):
                       description="Ray Train storage path (expires after checkpoint_expiry_days).")
         cdk.CfnOutput(self, "ModelExportUri", value=config.export_uri(self.bucket.bucket_name),
                       description="Where the job writes the final Hugging Face model (never expires).")
-        cdk.CfnOutput(self, "RayNamespace", value=config.ray.namespace, description="Namespace of the Ray pods.")
-        cdk.CfnOutput(self, "RayServiceAccount", value=config.ray.service_account,
-                      description="Service account bound to the bucket through Pod Identity.")
-        cdk.CfnOutput(self, "RayPodRoleArn", value=self.role.role_arn, description="Role the Ray pods assume.")
+        if self.role is not None:
+            cdk.CfnOutput(self, "RayNamespace", value=config.ray.namespace, description="Namespace of the Ray pods.")
+            cdk.CfnOutput(self, "RayServiceAccount", value=config.ray.service_account,
+                          description="Service account bound to the bucket through Pod Identity.")
+            cdk.CfnOutput(self, "RayPodRoleArn", value=self.role.role_arn, description="Role the Ray pods assume.")
 
     def _new_bucket(self, name: str, storage: StorageConfig, *, destroy: bool) -> s3.Bucket:
         """The bucket, created by this stack; kept by `cdk destroy` unless removal_policy is destroy."""

@@ -32,6 +32,8 @@ FILE_COMMANDS = {
     "workloads.plan": [],
     "workloads.preflight": ["--local"],
     "workloads.verify": [],
+    "workloads.verify_ec2": [],
+    "charts.launcher": ["render", "--outputs", str(REPO / "tests" / "fixtures" / "ec2_stack_outputs.json")],
     "workloads.fsdp_finetune": [],
     "stacks.check": ["--against", "config/cluster.yaml"],
 }

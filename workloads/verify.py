@@ -447,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     from config import load_or_exit
 
     config = load_or_exit(chosen_file(parser, args))
+    if config.target == "ec2":
+        print("verify: target: ec2 has no Kubernetes to read; run python -m workloads.verify_ec2 (docs/ec2.md)",
+              file=sys.stderr)
+        return 2
     try:
         snapshot = gather(config, kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
     except Exception as exc:  # noqa: BLE001 - any client/config error means we could not look

@@ -1,0 +1,589 @@
+"""The EC2 target (issue 22): the variable file's `target: ec2`, its stack, and the Ray cluster-launcher YAML.
+
+Checked with upstream code: Ray's own `prepare_config` / `validate_config` (ray 2.58.0) on the YAML,
+botocore's ParamValidator with the EC2 service model on each node type's RunInstances input, Ray's
+launcher bootstrap and AWS node provider against moto's server on 127.0.0.1, and cdk-nag on the stack.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from charts.launcher import (
+    AUTH_ENV_FILE,
+    HEAD_TYPE,
+    LauncherError,
+    launcher_config,
+    main,
+    node_config_problems,
+    outputs_from_json,
+)
+from config import ConfigError, load_config
+from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
+from config.efa import efa_interface_layout
+from config.target import with_target
+from tests.helpers import EXAMPLES, REPO, load_variant, write_variant
+
+FIXTURE = REPO / "tests" / "fixtures" / "ec2_stack_outputs.json"
+
+
+def fixture_outputs() -> dict[str, str]:
+    return outputs_from_json(json.loads(FIXTURE.read_text()), source=str(FIXTURE))
+
+
+def ec2_variant(tmp_path: Path, overrides: dict | None = None, **kwargs):
+    return load_variant(tmp_path, {"target": "ec2", **(overrides or {})}, **kwargs)
+
+
+def rendered(config, outputs=None) -> dict:
+    return launcher_config(config, outputs or fixture_outputs(), app_dir=Path("/tmp/app"))
+
+
+def run_instances_input(node_config: dict) -> dict:
+    """What Ray's AWS node provider sends to RunInstances for `node_config` (node_provider.py _create_node,
+    ray 2.58.0): SubnetIds resolved to one SubnetId, or dropped with SecurityGroupIds for NetworkInterfaces."""
+    conf = copy.deepcopy(node_config)
+    subnets = conf.pop("SubnetIds", [])
+    if "NetworkInterfaces" in conf:
+        conf.pop("SecurityGroupIds", None)
+    else:
+        conf["SubnetId"] = subnets[0]
+    conf.update(MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": RAY_CLUSTER_TAG, "Value": "ray-efa"}]}])
+    return conf
+
+
+# ---- 1. the variable file ----------------------------------------------------------------------------
+
+def test_default_file_targets_eks():
+    assert load_config().target == "eks"
+
+
+def test_target_ec2_loads(tmp_path):
+    assert ec2_variant(tmp_path).target == "ec2"
+
+
+def test_unknown_target_is_refused_with_the_field_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_variant(tmp_path, {"target": "ecs"})
+    assert "target: Input should be 'eks' or 'ec2'" in str(err.value)
+
+
+def test_gpu_head_is_refused_with_the_field_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, {"ec2": {"head_instance_type": "g6.12xlarge"}})
+    assert "ec2.head_instance_type: g6.12xlarge has 4 GPU(s), but the head trains nothing" in str(err.value)
+
+
+def test_unknown_head_type_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, {"ec2": {"head_instance_type": "m9z.large"}})
+    assert "ec2.head_instance_type: unknown instance type 'm9z.large'" in str(err.value)
+
+
+def test_efa_transport_on_a_type_without_efa_is_refused_for_ec2_too(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, group={"instance_type": "g6.4xlarge", "gpus_per_pod": 1})
+    assert "nccl.transport: efa, but cluster.worker_groups.0.instance_type g6.4xlarge has no EFA" in str(err.value)
+
+
+def test_capacity_block_is_refused_for_ec2_only(tmp_path):
+    block = {"capacity": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}
+    assert load_variant(tmp_path, group=block).target == "eks"
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, group=block)
+    assert "cluster.worker_groups.0.capacity: capacity_block is not supported by target: ec2" in str(err.value)
+
+
+def test_a_gpu_share_per_container_is_refused_for_ec2(tmp_path):
+    socket = {"nccl": {"transport": "socket"}}  # on EFA the EKS rules already want one pod per g6.12xlarge
+    assert load_variant(tmp_path, socket, group={"gpus_per_pod": 2}).target == "eks"
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, socket, group={"gpus_per_pod": 2})
+    assert ("cluster.worker_groups.0.gpus_per_pod: 2, but target: ec2 runs one Ray container per node holding all "
+            "g6.12xlarge's 4 GPUs; set gpus_per_pod: 4") in str(err.value)
+
+
+def test_idle_timeout_bounds(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ec2_variant(tmp_path, {"ec2": {"idle_timeout_minutes": 0}})
+    assert "ec2.idle_timeout_minutes" in str(err.value)
+
+
+def test_with_target_revalidates_for_the_other_target(tmp_path):
+    config = load_variant(tmp_path, group={"capacity": "capacity_block",
+                                           "capacity_reservation_id": "cr-0123456789abcdef0"})
+    with pytest.raises(ValueError, match="capacity_block is not supported by target: ec2"):
+        with_target(config, "ec2")
+    assert with_target(load_config(), "ec2").target == "ec2"
+    with pytest.raises(ValueError, match="target: 'k8s' is not one of eks, ec2"):
+        with_target(load_config(), "k8s")
+
+
+# ---- 2. the launcher YAML ---------------------------------------------------------------------------
+
+def test_yaml_passes_rays_prepare_and_validate_config():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(rendered(load_config()))
+    validate_config(prepared)
+    # prepare_config merges aws/defaults.yaml under the file: nothing of the defaults' commands may survive.
+    assert prepared["head_setup_commands"] == [
+        "python -c 'import boto3' 2>/dev/null || pip install --no-cache-dir boto3==1.44.5"]
+    assert prepared["setup_commands"] == []
+    assert sorted(prepared["available_node_types"]) == ["gpu", HEAD_TYPE]
+
+
+def test_network_interfaces_pass_rays_aws_interface_rules():
+    from ray.autoscaler._private.aws.config import _configure_from_network_interfaces
+
+    out = _configure_from_network_interfaces(rendered(load_config()))
+    worker = out["available_node_types"]["gpu"]["node_config"]
+    assert worker["SubnetIds"] == ["subnet-0123456789abcdef0"]
+    assert worker["SecurityGroupIds"] == ["sg-0123456789abcdef0"]
+
+
+@pytest.mark.parametrize("example", ["cluster", "p5", "socket", "spot"])
+def test_each_node_config_passes_botocores_run_instances_validation(tmp_path, example):
+    from botocore.session import get_session
+    from botocore.validate import ParamValidator
+
+    base = REPO / "config" / "cluster.yaml" if example == "cluster" else EXAMPLES / f"{example}.yaml"
+    overrides = {"target": "ec2"}
+    group = {"capacity": "on_demand", "capacity_reservation_id": None} if example == "p5" else None
+    config = load_config(write_variant(tmp_path, overrides, base=base, group=group))
+    shape = get_session().get_service_model("ec2").operation_model("RunInstances").input_shape
+    for name, node_type in rendered(config)["available_node_types"].items():
+        report = ParamValidator().validate(run_instances_input(node_type["node_config"]), shape)
+        assert not report.has_errors(), f"{example}/{name}: {report.generate_report()}"
+
+
+def test_botocore_does_not_check_interface_type_so_the_project_does():
+    from botocore.session import get_session
+    from botocore.validate import ParamValidator
+
+    config = load_config()
+    launcher = rendered(config)
+    launcher["available_node_types"]["gpu"]["node_config"]["NetworkInterfaces"][0]["InterfaceType"] = "efaa"
+    shape = get_session().get_service_model("ec2").operation_model("RunInstances").input_shape
+    node = launcher["available_node_types"]["gpu"]["node_config"]
+    assert not ParamValidator().validate(run_instances_input(node), shape).has_errors()
+    assert node_config_problems(launcher, config, fixture_outputs()) == [
+        "gpu: InterfaceType 'efaa' is not one of ['efa', 'efa-only', 'interface']"]
+
+
+def test_docker_image_is_ray_image_and_efa_run_options(tmp_path):
+    config = load_config()
+    launcher = rendered(config)
+    assert launcher["docker"]["image"] == config.ray.image
+    assert "--ulimit memlock=-1" in launcher["docker"]["run_options"]
+    worker = launcher["available_node_types"]["gpu"]["docker"]["worker_run_options"]
+    assert worker.count("--device=/dev/infiniband/uverbs0") == 1
+    assert "--cap-add IPC_LOCK" in worker
+    # The group's EKS pod sizes (so the preflight expects the same on both targets).
+    res = config.pod_resources["gpu"]
+    assert f"--shm-size={res.shm_gib}g" in worker
+    assert f"--env RAY_EFA_OBJECT_STORE_BYTES={res.object_store_bytes}" in worker
+    init = launcher["available_node_types"]["gpu"]["initialization_commands"]
+    assert f"sudo sysctl -w vm.nr_hugepages={config.nvidia_nodes_hugepages(config.cluster.worker_groups[0])}" in init
+
+
+def test_p5_gets_32_interfaces_laid_out_as_the_launch_template_and_32_devices(tmp_path):
+    config = load_config(write_variant(tmp_path, {"target": "ec2"}, base=EXAMPLES / "p5.yaml",
+                                       group={"capacity": "on_demand", "capacity_reservation_id": None}))
+    group = config.cluster.worker_groups[0]
+    node_type = rendered(config)["available_node_types"][group.name]
+    interfaces = node_type["node_config"]["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["DeviceIndex"], i["InterfaceType"]) for i in interfaces] == [
+        (i.card, i.device, i.kind) for i in efa_interface_layout(32)]
+    assert interfaces[:2] == [
+        {"DeviceIndex": 0, "NetworkCardIndex": 0, "InterfaceType": "interface", "SubnetId": "subnet-0123456789abcdef0",
+         "Groups": ["sg-0123456789abcdef0"], "DeleteOnTermination": True},
+        {"DeviceIndex": 1, "NetworkCardIndex": 0, "InterfaceType": "efa-only", "SubnetId": "subnet-0123456789abcdef0",
+         "Groups": ["sg-0123456789abcdef0"], "DeleteOnTermination": True}]
+    devices = [o for o in node_type["docker"]["worker_run_options"] if o.startswith("--device=")]
+    assert devices == [f"--device=/dev/infiniband/uverbs{n}" for n in range(32)]
+
+
+def test_socket_transport_has_no_efa_interfaces_devices_or_huge_pages(tmp_path):
+    config = load_config(write_variant(tmp_path, {"target": "ec2"}, base=EXAMPLES / "socket.yaml"))
+    node_type = next(v for k, v in rendered(config)["available_node_types"].items() if k != HEAD_TYPE)
+    assert "NetworkInterfaces" not in node_type["node_config"]
+    assert node_type["node_config"]["SubnetIds"] == ["subnet-0123456789abcdef0"]
+    assert not [o for o in node_type["docker"]["worker_run_options"] if o.startswith("--device")]
+    assert not [c for c in node_type["initialization_commands"] if "nr_hugepages" in c]
+
+
+def test_worker_placement_names_the_stacks_group_and_az():
+    node = rendered(load_config())["available_node_types"]["gpu"]["node_config"]
+    assert node["Placement"] == {"GroupName": "ray-efa-ec2-PlacementGroup-1A2B3C4D5E6F",
+                                 "AvailabilityZone": "us-east-2b"}
+    assert node["ImageId"] == "ami-0123456789abcdef0"
+
+
+def test_head_keeps_training_off_and_min_max_workers_come_from_the_file(tmp_path):
+    config = ec2_variant(tmp_path, {"autoscaling": {"enabled": False}}, group={"nodes": 2, "max_nodes": 3})
+    launcher = rendered(config)
+    assert launcher["available_node_types"][HEAD_TYPE]["resources"] == {"CPU": 0, "GPU": 0}
+    gpu = launcher["available_node_types"]["gpu"]
+    assert (gpu["min_workers"], gpu["max_workers"], launcher["max_workers"]) == (2, 3, 3)
+    assert gpu["resources"] == {"CPU": 48, "GPU": 4}
+
+
+def test_setup_commands_install_extra_pip_packages_only(tmp_path):
+    config = ec2_variant(tmp_path, {"ray": {"extra_pip_packages": ["peft==0.18.0"]}})
+    assert rendered(config)["setup_commands"] == ["pip install --no-cache-dir peft==0.18.0"]
+    assert rendered(load_config())["setup_commands"] == []
+
+
+def test_idle_timeout_internal_ips_and_terminated_not_stopped(tmp_path):
+    launcher = rendered(ec2_variant(tmp_path, {"ec2": {"idle_timeout_minutes": 25}}))
+    assert launcher["idle_timeout_minutes"] == 25
+    assert launcher["provider"]["use_internal_ips"] is True
+    assert launcher["provider"]["cache_stopped_nodes"] is False
+
+
+def test_token_auth_reaches_every_container_from_the_stacks_secret():
+    launcher = rendered(load_config())
+    assert f"--env-file {AUTH_ENV_FILE}" in launcher["docker"]["run_options"]
+    fetch = [c for c in launcher["initialization_commands"] if "secretsmanager get-secret-value" in c]
+    assert len(fetch) == 1 and fixture_outputs()["AuthTokenSecretArn"] in fetch[0]
+    assert "RAY_AUTH_MODE=token" in fetch[0] and "umask 077" in fetch[0]
+    # A node type's initialization_commands replace the global ones: the worker's list repeats the fetch.
+    assert fetch[0] in launcher["available_node_types"]["gpu"]["initialization_commands"]
+
+
+def test_auth_disabled_has_no_token_plumbing(tmp_path):
+    launcher = rendered(ec2_variant(tmp_path, {"ray": {"auth": "disabled"}}))
+    assert not [o for o in launcher["docker"]["run_options"] if "env-file" in o]
+    assert not [c for c in launcher["initialization_commands"] if "secretsmanager" in c]
+
+
+def test_ssm_access_tunnels_ssh_and_ssh_access_does_not(tmp_path):
+    assert "AWS-StartSSHSession" in rendered(load_config())["auth"]["ssh_proxy_command"]
+    assert "ssh_proxy_command" not in rendered(ec2_variant(tmp_path, {"ec2": {"access": "ssh"}}))["auth"]
+
+
+def test_project_checks_catch_what_the_emulator_accepts():
+    config = load_config()
+    outputs = fixture_outputs()
+    launcher = rendered(config)
+    worker = launcher["available_node_types"]["gpu"]["node_config"]
+    worker["Placement"]["GroupName"] = "no-such-group"
+    worker["InstanceType"] = "g6.13xlarge"
+    assert node_config_problems(launcher, config, outputs) == [
+        "gpu: InstanceType g6.13xlarge is not in config/instances.yaml"]
+    worker["InstanceType"] = "g6.12xlarge"
+    assert node_config_problems(launcher, config, outputs) == [
+        "gpu: Placement.GroupName 'no-such-group' is not the stack's placement group "
+        "'ray-efa-ec2-PlacementGroup-1A2B3C4D5E6F'"]
+
+
+def test_file_mounts_put_the_bundle_where_the_pods_mount_it():
+    from charts import bundle
+    from charts.launcher import MOUNT_PATH
+
+    assert MOUNT_PATH == bundle.MOUNT_PATH
+
+
+def test_render_command_writes_the_yaml_and_the_app_bundle(tmp_path):
+    out = tmp_path / "ec2"
+    assert main(["render", "--outputs", str(FIXTURE), "--out-dir", str(out)]) == 0
+    launcher = yaml.safe_load((out / "cluster.yaml").read_text())
+    assert launcher["file_mounts"] == {"/app": str((out / "app").resolve())}
+    assert (out / "app" / "submit.sh").is_file() and (out / "app" / "config" / "cluster.yaml").is_file()
+    assert (out / "app" / "workloads" / "fsdp_finetune" / "__main__.py").is_file()
+
+
+def test_render_names_the_missing_output(tmp_path, capsys):
+    data = json.loads(FIXTURE.read_text())
+    data["Stacks"][1]["Outputs"] = [o for o in data["Stacks"][1]["Outputs"] if o["OutputKey"] != "ImageId"]
+    partial = tmp_path / "outputs.json"
+    partial.write_text(json.dumps(data))
+    assert main(["render", "--outputs", str(partial), "--out-dir", str(tmp_path / "out")]) == 2
+    assert f"{partial}: missing output(s) ImageId" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_outputs_read_from_cdk_outputs_file_format():
+    stacks = json.loads(FIXTURE.read_text())["Stacks"]
+    per_stack = {s["StackName"]: {o["OutputKey"]: o["OutputValue"] for o in s["Outputs"]} for s in stacks}
+    assert outputs_from_json(per_stack, source="x") == fixture_outputs()
+    assert fixture_outputs()["SubnetId"] == "subnet-0123456789abcdef0"
+    del per_stack["ray-efa-network"]
+    with pytest.raises(LauncherError, match="x: missing output[(]s[)] GpuSubnetId"):
+        outputs_from_json(per_stack, source="x")
+
+
+# ---- 3. Ray's launcher bootstrap and node provider against moto on 127.0.0.1 -------------------------
+
+@pytest.mark.timeout(180)
+def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
+    import boto3
+    from ray.autoscaler._private.aws import utils as aws_utils
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+    from ray.autoscaler._private.commands import _bootstrap_config
+    from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
+
+    from tests.loopback import moto_ec2_server
+
+    with moto_ec2_server() as moto:
+        for key, value in moto.env(str(tmp_path)).items():
+            monkeypatch.setenv(key, value)
+        aws_utils.resource_cache.cache_clear()
+        aws_utils.client_cache.cache_clear()
+        config = load_config()
+        region = config.region
+        ec2 = boto3.client("ec2", region_name=region)
+        iam = boto3.client("iam", region_name=region)
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24",
+                                   AvailabilityZone=config.gpu_availability_zone)["Subnet"]["SubnetId"]
+        group = ec2.create_security_group(GroupName="nodes", Description="nodes", VpcId=vpc)["GroupId"]
+        # moto 5.2.5 has no CreatePlacementGroup (and launches into any group name): the name stays a name.
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        profiles = {}
+        for role in ("head", "worker"):
+            iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}))
+            profiles[role] = iam.create_instance_profile(InstanceProfileName=role)["InstanceProfile"]["Arn"]
+            iam.add_role_to_instance_profile(InstanceProfileName=role, RoleName=role)
+        outputs = {**fixture_outputs(), "SubnetId": subnet, "SecurityGroupId": group, "ImageId": image,
+                   "PlacementGroupName": "ray-efa-pg", "HeadInstanceProfileArn": profiles["head"],
+                   "WorkerInstanceProfileArn": profiles["worker"]}
+
+        bootstrapped = _bootstrap_config(launcher_config(config, outputs, app_dir=tmp_path / "app"),
+                                         no_config_cache=True)
+
+        # Key pair: created in the emulator, private key written under (the moved) ~/.ssh.
+        key_name = f"ray-autoscaler_{region}"
+        assert ec2.describe_key_pairs(KeyNames=[key_name])["KeyPairs"]
+        assert bootstrapped["auth"]["ssh_private_key"] == os.path.join(str(tmp_path), ".ssh", f"{key_name}.pem")
+        # Subnet lookup: the stack's subnet, in the GPU AZ, kept for both node types.
+        types = bootstrapped["available_node_types"]
+        assert types[HEAD_TYPE]["node_config"]["SubnetIds"] == [subnet]
+        assert types["gpu"]["node_config"]["SubnetIds"] == [subnet]
+        # IAM: the head's profile from the stack is used as is (no ray-autoscaler-v1 role created).
+        assert types[HEAD_TYPE]["node_config"]["IamInstanceProfile"] == {"Arn": profiles["head"]}
+        assert sorted(r["RoleName"] for r in iam.list_roles()["Roles"]) == ["head", "worker"]
+        # Resources: Ray's autodetection read the emulator's instance types (it adds the worker's memory and
+        # accelerator type), then the file's own CPU and GPU counts win.
+        assert types["gpu"]["resources"]["GPU"] == 4 and types["gpu"]["resources"]["memory"] > 0
+        assert types[HEAD_TYPE]["resources"] == {"CPU": 0, "GPU": 0}
+
+        provider = AWSNodeProvider(bootstrapped["provider"], bootstrapped["cluster_name"])
+        provider.create_node(types["gpu"]["node_config"], {TAG_RAY_NODE_KIND: "worker",
+                                                          TAG_RAY_USER_NODE_TYPE: "gpu"}, 1)
+        instance = ec2.describe_instances()["Reservations"][0]["Instances"][0]
+        tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+        assert tags[RAY_CLUSTER_TAG] == config.cluster.name and tags[TAG_RAY_USER_NODE_TYPE] == "gpu"
+        assert instance["InstanceType"] == "g6.12xlarge"
+        assert instance["Placement"]["AvailabilityZone"] == config.gpu_availability_zone
+        assert instance["IamInstanceProfile"]["Arn"] == profiles["worker"]
+        assert instance["KeyName"] == key_name
+        # The interface the YAML laid out, in the stack's subnet and group (moto reports every interface as
+        # InterfaceType "interface", whatever was asked: another thing only the project's check sees).
+        assert [(i["SubnetId"], [g["GroupId"] for g in i["Groups"]]) for i in instance["NetworkInterfaces"]] == [
+            (subnet, [group])]
+        aws_utils.resource_cache.cache_clear()
+        aws_utils.client_cache.cache_clear()
+
+
+@pytest.mark.timeout(120)
+def test_the_emulator_accepts_what_ec2_would_refuse(tmp_path, monkeypatch):
+    """moto launches into a placement group that does not exist, with a bogus InterfaceType, and an
+    instance type EC2 does not have: only the project's checks (node_config_problems) stand between
+    these and a failed `ray up`, so they are tested above and this records the emulator's limit."""
+    import boto3
+
+    from tests.loopback import moto_ec2_server
+
+    with moto_ec2_server() as moto:
+        for key, value in moto.env(str(tmp_path)).items():
+            monkeypatch.setenv(key, value)
+        ec2 = boto3.client("ec2", region_name="us-east-2")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24", AvailabilityZone="us-east-2b")["Subnet"]
+        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        launched = ec2.run_instances(
+            ImageId=image, MinCount=1, MaxCount=1, InstanceType="g6.12xlarge",
+            Placement={"GroupName": "no-such-group", "AvailabilityZone": "us-east-2b"},
+            NetworkInterfaces=[{"DeviceIndex": 0, "SubnetId": subnet["SubnetId"], "InterfaceType": "efaa"}])
+        assert launched["Instances"][0]["State"]["Name"] in ("pending", "running")
+        odd = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, InstanceType="g6.13xlarge",
+                                SubnetId=subnet["SubnetId"])
+        assert odd["Instances"][0]["InstanceType"] == "g6.13xlarge"
+
+
+# ---- the stack (synthesized once, cdk-nag on) ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ec2_synth(tmp_path_factory):
+    import aws_cdk as cdk
+
+    from stacks import build
+
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+    out = tmp_path_factory.mktemp("ec2-synth")
+    config = with_target(load_config(), "ec2")
+    app = cdk.App(outdir=str(out))
+    stacks = build(app, config, nag=True)
+    app.synth()
+    templates = {name: json.loads((out / f"ray-efa-{name}.template.json").read_text())
+                 for name in ("network", "storage", "ec2")}
+    report = json.loads((out / "validation-report.json").read_text())
+    return stacks, templates, report, out
+
+
+def _resources(template: dict, kind: str) -> dict:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+def _head_statements(templates) -> dict[str, dict]:
+    ec2 = templates["ec2"]
+    head_role = next(k for k in _resources(ec2, "AWS::IAM::Role") if k.startswith("HeadRole"))
+    policy = next(v for v in _resources(ec2, "AWS::IAM::Policy").values()
+                  if v["Properties"]["Roles"] == [{"Ref": head_role}])
+    return {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid")}
+
+
+def test_ec2_target_deploys_without_the_eks_cluster(ec2_synth):
+    stacks, templates = ec2_synth[:2]
+    assert stacks.cluster is None and stacks.ec2 is not None
+    for template in templates.values():
+        assert not [r for r in template["Resources"].values() if r["Type"].startswith(("AWS::EKS::", "Custom::"))
+                    and r["Type"] != "Custom::S3AutoDeleteObjects"]
+    assert not _resources(templates["storage"], "AWS::IAM::Role")
+    assert "RayPodRoleArn" not in templates["storage"]["Outputs"]
+
+
+def test_cdk_nag_is_clean_on_the_ec2_target(ec2_synth):
+    report = ec2_synth[2]
+    for plugin in report["pluginReports"]:
+        assert plugin["conclusion"] == "success", plugin["violations"]
+
+
+def test_cfn_lint_is_clean_on_the_ec2_target(ec2_synth):
+    from cfnlint.api import ManualArgs, lint_file
+
+    findings = []
+    for name in ("network", "storage", "ec2"):
+        path = ec2_synth[3] / f"ray-efa-{name}.template.json"
+        findings += [(path.name, m.rule.id, m.message)
+                     for m in lint_file(path, config=ManualArgs(regions=["us-east-2"]))]
+    # W3010: the AZs come from the variable file by design (as in test_stacks_compliance).
+    assert [f for f in findings if f[1] != "W3010" and not f[1].startswith("I")] == []
+
+
+def test_stack_has_a_cluster_placement_group_and_a_self_referencing_security_group(ec2_synth):
+    from aws_cdk.assertions import Match, Template
+
+    templates = ec2_synth[1]
+    template = Template.from_json(templates["ec2"])
+    template.has_resource_properties("AWS::EC2::PlacementGroup", {"Strategy": "cluster"})
+    group = next(iter(_resources(templates["ec2"], "AWS::EC2::SecurityGroup")))
+    self_ref = {"Fn::GetAtt": [group, "GroupId"]}
+    template.has_resource_properties("AWS::EC2::SecurityGroupIngress", {
+        "IpProtocol": "-1", "SourceSecurityGroupId": self_ref, "GroupId": self_ref})
+    template.has_resource_properties("AWS::EC2::SecurityGroupEgress", {
+        "IpProtocol": "-1", "DestinationSecurityGroupId": self_ref, "GroupId": self_ref})
+    # Nothing open to the internet: no ingress rule with a CIDR (ssm access is the default).
+    ingress = json.dumps(templates["ec2"]["Resources"][group]["Properties"].get("SecurityGroupIngress", []))
+    assert "0.0.0.0/0" not in ingress
+    template.has_resource_properties("AWS::EC2::SecurityGroup", {"SecurityGroupEgress": Match.array_with([
+        Match.object_like({"CidrIp": "0.0.0.0/0", "FromPort": 443, "ToPort": 443, "IpProtocol": "tcp"})])})
+
+
+def test_image_comes_from_the_dlami_ssm_parameter_and_is_an_output(ec2_synth):
+    templates = ec2_synth[1]
+    template = templates["ec2"]
+    parameter = next(k for k, v in template["Parameters"].items() if v.get("Default") == DLAMI_SSM_PARAMETER)
+    assert template["Parameters"][parameter]["Type"] == "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>"
+    assert template["Outputs"]["ImageId"]["Value"] == {"Ref": parameter}
+    assert sorted(template["Outputs"]) == sorted(STACK_OUTPUTS)
+    assert "GpuSubnetId" in templates["network"]["Outputs"]
+
+
+def test_head_launches_only_instances_tagged_with_this_cluster(ec2_synth):
+    statements = _head_statements(ec2_synth[1])
+    launch = statements["LaunchTaggedInstances"]
+    assert launch["Action"] == "ec2:RunInstances"
+    assert launch["Condition"] == {"StringEquals": {f"aws:RequestTag/{RAY_CLUSTER_TAG}": "ray-efa"}}
+    assert json.dumps(launch["Resource"]).endswith(':instance/*"]]}')
+    # The other RunInstances statement never names instances, so it cannot launch one untagged.
+    assert ":instance/" not in json.dumps(statements["LaunchWith"]["Resource"])
+
+
+def test_head_tags_and_terminates_only_its_clusters_instances(ec2_synth):
+    statements = _head_statements(ec2_synth[1])
+    owned = {"StringEquals": {f"ec2:ResourceTag/{RAY_CLUSTER_TAG}": "ray-efa"}}
+    assert statements["EndOwnInstances"]["Condition"] == owned
+    assert set(statements["EndOwnInstances"]["Action"]) == {"ec2:TerminateInstances", "ec2:StopInstances",
+                                                            "ec2:StartInstances"}
+    retag = statements["RetagOwnInstances"]["Condition"]
+    assert retag["StringEquals"] == owned["StringEquals"]
+    assert retag["ForAllValues:StringNotEquals"] == {"aws:TagKeys": [RAY_CLUSTER_TAG]}
+    assert statements["TagOnLaunch"]["Condition"]["StringEquals"]["ec2:CreateAction"] == "RunInstances"
+    # No other statement grants any of these actions.
+    actions = {"ec2:TerminateInstances", "ec2:StopInstances", "ec2:CreateTags", "ec2:RunInstances"}
+    for sid, statement in statements.items():
+        granted = set([statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"])
+        if granted & actions:
+            assert sid in {"LaunchTaggedInstances", "LaunchWith", "TagOnLaunch", "RetagOwnInstances",
+                           "EndOwnInstances"}
+
+
+def test_head_passes_only_the_worker_role(ec2_synth):
+    templates = ec2_synth[1]
+    worker_role = next(k for k in _resources(templates["ec2"], "AWS::IAM::Role") if k.startswith("WorkerRole"))
+    passing = [s for s in _head_statements(templates).values() if "iam:PassRole" in json.dumps(s["Action"])]
+    assert passing == [{"Sid": "PassWorkerRoleOnly", "Action": "iam:PassRole", "Effect": "Allow",
+                        "Resource": {"Fn::GetAtt": [worker_role, "Arn"]},
+                        "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}}]
+
+
+def test_workers_reach_the_bucket_prefix_and_nothing_of_ec2(ec2_synth):
+    templates = ec2_synth[1]
+    ec2 = templates["ec2"]
+    worker_role = next(k for k in _resources(ec2, "AWS::IAM::Role") if k.startswith("WorkerRole"))
+    policy = next(v for v in _resources(ec2, "AWS::IAM::Policy").values()
+                  if v["Properties"]["Roles"] == [{"Ref": worker_role}])
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert "ec2:" not in json.dumps(statements) and "iam:" not in json.dumps(statements)
+    objects = next(s for s in statements if s.get("Sid") == "ObjectsUnderPrefix")
+    assert json.dumps(objects["Resource"]).endswith('/ray-finetune/*"]]}')
+
+
+def test_ec2_cost_idle_and_running_for_the_default_file():
+    from config.target import ec2_cost_per_hour
+
+    config = load_config()
+    # Idle: one m7i.2xlarge head and the NAT gateway; running: plus 2 x g6.12xlarge (catalog prices).
+    assert ec2_cost_per_hour(config) == pytest.approx((0.4032 + 0.045, 0.4032 + 0.045 + 2 * 4.6016))
+    assert ec2_cost_per_hour(config)[0] < config.idle_cost_per_hour
+
+
+@pytest.mark.parametrize("example", ["cluster", "socket", "single-node"])
+def test_docs_cost_table_matches_the_model(example):
+    from config.target import ec2_cost_per_hour
+
+    path = REPO / "config" / "cluster.yaml" if example == "cluster" else EXAMPLES / f"{example}.yaml"
+    config = load_config(path)
+    row = next(line for line in (REPO / "docs" / "ec2.md").read_text().splitlines()
+               if line.startswith(f"| `{path.relative_to(REPO)}`"))
+    figures = [float(cell) for cell in row.strip("|").split("|")[1:]]
+    expected = [config.idle_cost_per_hour, config.cost_per_hour, *ec2_cost_per_hour(with_target(config, "ec2"))]
+    assert figures == [round(v, 2) for v in expected]
+
+
+def test_the_token_secrets_checkov_finding_is_acknowledged_with_its_reason(ec2_synth):
+    (secret,) = _resources(ec2_synth[1]["ec2"], "AWS::SecretsManager::Secret").values()
+    skips = {s["id"]: s["comment"] for s in secret["Metadata"]["checkov"]["skip"]}
+    assert list(skips) == ["CKV_AWS_149"] and "AWS-managed key" in skips["CKV_AWS_149"]
