@@ -11,7 +11,7 @@ DEMO_STEPS ?=
 VERBOSE ?=
 
 # Node.js majors that jsii (the runtime of the CDK and cdk8s libraries, pinned in requirements.txt)
-# supports; README "Node.js". `make setup` says in one line when the Node found is outside them, so
+# supports; docs/setup.md "Node.js". `make setup` says in one line when the Node found is outside them, so
 # jsii's multi-line banner, which would repeat it on every synth, is silenced for that version.
 NODE_SUPPORTED := 22 24
 NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
@@ -39,7 +39,7 @@ setup: tools
 tools: node-check $(VENV)/.installed node_modules/.installed
 
 node-check:
-	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (README: Node.js)" >&2; exit 1; }; \
+	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (docs/setup.md: Node.js)" >&2; exit 1; }; \
 	major=$${v#v}; major=$${major%%.*}; \
 	if [ "$$major" -lt $(firstword $(NODE_SUPPORTED)) ]; then \
 	  echo "note: Node.js $$v is past end of life; jsii (CDK, cdk8s) supports Node.js $(firstword $(NODE_SUPPORTED)) and $(lastword $(NODE_SUPPORTED)): please upgrade"; \

@@ -91,8 +91,8 @@ def _quiet_node_banner() -> None:
     except (OSError, subprocess.SubprocessError):
         return  # jsii says itself that Node.js is missing
     if major not in JSII_SUPPORTED_NODE and "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION" not in os.environ:
-        print(f"note: Node.js {major} is not one jsii supports ({' or '.join(JSII_SUPPORTED_NODE)}); README: Node.js",
-              file=sys.stderr)
+        print(f"note: Node.js {major} is not one jsii supports ({' or '.join(JSII_SUPPORTED_NODE)}); "
+              "docs/setup.md: Node.js", file=sys.stderr)
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", major)
     os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
     os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m charts.crds",
         description=f"Find KubeRay {VERSION}'s CRDs ({', '.join(SHA256)}), verify their pinned SHA-256 and cache "
                     f"them: ${DIR_ENV}, then ../shared/kuberay, then .cache/kuberay/v{VERSION}/, else a download from "
-                    f"${BASE_URL_ENV} (README: KubeRay CRDs).").parse_args(argv)
+                    f"${BASE_URL_ENV} (docs/setup.md: KubeRay CRDs).").parse_args(argv)
     for file in SHA256:
         try:
             _, downloaded = resolve(file)

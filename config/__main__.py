@@ -1,6 +1,6 @@
 """`python -m config check [FILE]`: validate a variable file and print the plan it implies.
 
-`python -m config reference [--write README.md]`: the field reference table."""
+`python -m config reference [--write [PAGE]]`: the field reference table (PAGE: docs/reference.md)."""
 
 # The config package knows nothing of the workload: `python -m workloads.check [FILE]` runs this check and
 # then counts a local dataset's tokens and epochs with the workload's data pipeline.
@@ -94,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check_cmd = sub.add_parser("check", help="validate a variable file and print its plan")
     add_file_argument(check_cmd)
-    reference = sub.add_parser("reference", help="print the field reference table (README)")
-    reference.add_argument("--write", metavar="README", help="update the table in this file instead")
+    reference = sub.add_parser("reference", help="print the field reference table (docs/reference.md)")
+    reference.add_argument("--write", metavar="PAGE", nargs="?", const="docs/reference.md",
+                           help="update the table in this page instead (default page: docs/reference.md)")
     args = parser.parse_args(argv)
     if args.command == "reference":
         from pathlib import Path

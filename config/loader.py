@@ -85,7 +85,7 @@ def _problem(error: dict, source: Source) -> Problem:
     value = error.get("input")
     if kind == "extra_forbidden":
         hint = did_you_mean(str(loc[-1]), fields_at(ClusterConfig, loc[:-1]))
-        message = f"unknown key{hint or ' (typo?)'}; see the field reference in README.md"
+        message = f"unknown key{hint or ' (typo?)'}; see the field reference in docs/reference.md"
     elif kind == "missing":
         message = "required field is missing; add it (see config/cluster.yaml)"
     else:

@@ -1,4 +1,4 @@
-"""The README's variable-file reference table, generated from the model's field descriptions."""
+"""The variable-file reference table (docs/reference.md), generated from the model's field descriptions."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pydantic_core import PydanticUndefined
 
 from config.model import ClusterConfig
 
-BEGIN = "<!-- BEGIN FIELD REFERENCE (python -m config reference --write README.md) -->"
+TARGET = "docs/reference.md"  # the page holding the table; `python -m config reference --write` updates it
+BEGIN = "<!-- BEGIN FIELD REFERENCE (python -m config reference --write docs/reference.md) -->"
 END = "<!-- END FIELD REFERENCE -->"
 
 
@@ -63,7 +64,7 @@ def reference_table() -> str:
 
 
 def write_into(readme: Path) -> bool:
-    """Replace the table between the markers in `readme`; return whether it changed."""
+    """Replace the table between the markers in `readme` (a page such as TARGET); return whether it changed."""
     text = readme.read_text()
     block = f"{BEGIN}\n{reference_table()}\n{END}"
     new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)

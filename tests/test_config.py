@@ -458,15 +458,15 @@ def test_cli_subprocess_exit_code_and_no_traceback(tmp_path):
     assert "g6.12xlarge" in line and "m7i.xlarge" not in line and "Traceback" not in proc.stderr
 
 
-# ---- README -------------------------------------------------------------------------------
+# ---- docs/reference.md ----------------------------------------------------------------------
 
 
-def test_readme_reference_table_is_current():
-    from config.reference import reference_table, table_in
+def test_reference_page_table_is_current():
+    from config.reference import TARGET, reference_table, table_in
 
-    current = table_in(REPO / "README.md")
-    assert current is not None, "README.md lacks the field reference markers"
-    assert current == reference_table(), "stale: run `python -m config reference --write README.md`"
+    current = table_in(REPO / TARGET)
+    assert current is not None, f"{TARGET} lacks the field reference markers"
+    assert current == reference_table(), "stale: run `python -m config reference --write`"
 
 
 @pytest.mark.parametrize("path", [REPO / "config" / "cluster.yaml", *EXAMPLE_FILES], ids=lambda p: p.stem)

@@ -371,8 +371,8 @@ def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
     failures = result.get("failures") or []
     return Row(section="job", name=name, status="FAIL",
                detail=f"RayJob {job}: {figures}; " + " | ".join(failures[:3]),
-               fix="run python -m workloads.preflight on the cluster for the full table; see the troubleshooting "
-                   "section of README.md")
+               fix="run python -m workloads.preflight on the cluster for the full table; see "
+                   "docs/troubleshooting.md")
 
 
 def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: list, rayjobs: list[dict],

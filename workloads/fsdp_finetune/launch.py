@@ -462,7 +462,7 @@ def _main_local(args, config: ClusterConfig) -> int:
     print(_outputs(out, plan))
     print(run_log.where())
     print("next: open loss.png; `tensorboard --logdir " + _shown(out) + "`; then plan a real job with "
-          "`python -m workloads.plan` and deploy (README: Deploy)")
+          "`python -m workloads.plan` and deploy (docs/deploying.md)")
     return 0
 
 
