@@ -1,17 +1,367 @@
 """Loopback servers for tests: real servers on 127.0.0.1, port 0, bounded in time, torn down on exit.
 
-(Issue 19 adds moto with IAM auth enforced and a Pod Identity credential endpoint to this module; the
-section below is issue 22's and stands apart so the two merge side by side.)
+One module owns them so every test (and every later issue) starts them the same way:
+
+* `moto`: moto's server mode (the `moto[server]` pin) in a child process, with IAM authentication
+  enforced from its first request: a request signed with unknown keys, or unsigned, is refused.
+  It serves every AWS API moto knows (S3, IAM, STS, Secrets Manager, EC2, ...), so a test that needs
+  Secrets Manager or EC2 uses the same server with an identity allowed to call them.
+* `pod_identity`: an EKS-Pod-Identity-style credential endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`
+  plus `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`) that hands out credentials only to callers that
+  send the token, and counts its calls.
+
+Each server is a context manager; `SERVERS` maps a name to its factory so a new one (a Prometheus
+server, ...) is one `@register("name")` class away, and `serve("moto", ...)` starts several under
+one `ExitStack`. The pytest fixtures in `tests/conftest.py` expose them.
+
+Why a child process for moto: moto keeps its auth switch and backends in module globals; in a child
+they are this server's alone, Ray workers reach it over TCP like any other endpoint, and the child
+exits when the test process's pipe to it closes (so a killed pytest leaves no server behind).
 """
 
 from __future__ import annotations
 
-# ---- issue 22: moto's EC2/IAM server for Ray's cluster launcher -------------------------------------
 import contextlib
+import json
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent
+REGION = "us-west-2"
+START_TIMEOUT_S = 60.0  # two shared cores and a cold import of moto's server: seconds, not minutes
+STOP_TIMEOUT_S = 10.0
+
+# Every variable through which botocore or the AWS C++ SDK (inside pyarrow) could find credentials
+# other than the container endpoint; a test that means "only Pod Identity" removes all of them.
+_OTHER_CREDENTIAL_VARS = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+)
+
+SERVERS: dict[str, Callable[..., contextlib.AbstractContextManager]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a loopback server startable as `serve(name)`."""
+    def wrap(cls):
+        SERVERS[name] = cls
+        return cls
+    return wrap
+
+
+@contextlib.contextmanager
+def serve(*names: str, **kwargs_by_name: dict) -> Iterator[dict[str, Any]]:
+    """Start the named servers (each with `kwargs_by_name[name]`), yield them by name, stop them all."""
+    with contextlib.ExitStack() as stack:
+        yield {n: stack.enter_context(SERVERS[n](**kwargs_by_name.get(n, {}))) for n in names}
+
+
+@dataclass(frozen=True)
+class Keys:
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+    expiration: str | None = None
+
+    def env(self) -> dict[str, str]:
+        out = {"AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+        if self.session_token:
+            out["AWS_SESSION_TOKEN"] = self.session_token
+        return out
+
+
+def only_policy(actions: list[str], resources: list[str] | str = "*") -> dict:
+    """An IAM policy document allowing `actions` on `resources`."""
+    return {"Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": actions, "Resource": resources}]}
+
+
+def s3_policy(bucket: str) -> dict:
+    """What the training pods' role gets on the job bucket (stacks grant the same read/write/list)."""
+    return only_policy(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+                        "s3:GetBucketLocation", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+                       [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"])
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The child's first stdout line, or an error with its stderr if it does not come in time."""
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    fd = proc.stdout.fileno()
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or proc.poll() is not None:
+            _stop_child(proc)
+            err = proc.stderr.read().decode(errors="replace")[-3000:]
+            raise RuntimeError(f"loopback server did not start within {timeout_s:.0f} s: {err}")
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                continue
+            buf += chunk
+    return buf.decode()
+
+
+def _stop_child(proc: subprocess.Popen) -> None:
+    """Close the child's stdin (its signal to stop), then SIGKILL its process group if it lingers."""
+    with contextlib.suppress(Exception):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+@register("moto")
+class MotoServer:
+    """moto's server on 127.0.0.1:<port 0>, IAM auth enforced; `admin` keys may do anything.
+
+    `endpoint_url` is what boto3 (`endpoint_url=`) and pyarrow (`AWS_ENDPOINT_URL_S3`) point at.
+    """
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.endpoint_url = ""
+        self.admin: Keys | None = None
+        self.account_id = ""
+        self.admin_arn = ""
+
+    def __enter__(self) -> MotoServer:
+        env = {k: v for k, v in os.environ.items() if k not in _OTHER_CREDENTIAL_VARS}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.loopback", "moto"], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        info = json.loads(_read_line(self.proc, START_TIMEOUT_S))
+        self.endpoint_url = f"http://127.0.0.1:{info['port']}"
+        self.admin = Keys(**info["admin"])
+        self.account_id = info["account_id"]
+        self.admin_arn = info["admin_arn"]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc:
+            _stop_child(self.proc)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                with contextlib.suppress(Exception):
+                    stream.close()
+            self.proc = None
+
+    # --- clients ---------------------------------------------------------------------------------
+    def client(self, service: str, keys: Keys | None = None, *, anonymous: bool = False):
+        """A boto3 client for `service` on this server, signed with `keys` (default: admin), or unsigned."""
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        cfg = Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=30,
+                     signature_version=UNSIGNED if anonymous else None)
+        keys = keys or self.admin
+        creds = {} if anonymous else {"aws_access_key_id": keys.access_key_id,
+                                      "aws_secret_access_key": keys.secret_access_key,
+                                      "aws_session_token": keys.session_token}
+        # A bare Session: no profile, env or config-file credentials leak into the client.
+        return boto3.session.Session(region_name=REGION, **creds).client(
+            service, endpoint_url=self.endpoint_url, config=cfg)
+
+    # --- identities ------------------------------------------------------------------------------
+    def create_user(self, name: str, policy: dict) -> Keys:
+        """An IAM user with `policy` inline, and a fresh access key for it."""
+        iam = self.client("iam")
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return Keys(key["AccessKeyId"], key["SecretAccessKey"])
+
+    def create_role(self, name: str, policy: dict) -> str:
+        """An IAM role with `policy` inline, trusted by Pod Identity's service principal; its ARN."""
+        iam = self.client("iam")
+        # On EKS the Pod Identity service principal assumes the role; here the admin plays the agent
+        # (moto 5.2.5 matches only an "AWS" principal against the caller: iam/access_control.py).
+        trust = {"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com", "AWS": self.admin_arn},
+            "Action": ["sts:AssumeRole", "sts:TagSession"]}]}
+        arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+        iam.put_role_policy(RoleName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps(policy))
+        return arn
+
+    def assume_role(self, role_arn: str, session: str = "pod", duration_s: int = 3600) -> Keys:
+        """Temporary (ASIA...) credentials for the role, as the Pod Identity agent gets them from STS."""
+        c = self.client("sts").assume_role(RoleArn=role_arn, RoleSessionName=session,
+                                           DurationSeconds=duration_s)["Credentials"]
+        return Keys(c["AccessKeyId"], c["SecretAccessKey"], c["SessionToken"],
+                    c["Expiration"].strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    def create_bucket(self, name: str) -> str:
+        self.client("s3").create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+        return name
+
+
+@dataclass
+class _EndpointState:
+    token: str
+    credentials: Callable[[], Keys]
+    account_id: str
+    calls: list[str | None] = field(default_factory=list)  # the Authorization header of every call
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _CredentialsHandler(BaseHTTPRequestHandler):
+    state: _EndpointState  # set on a per-server subclass
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        auth = self.headers.get("Authorization")
+        with self.state.lock:
+            self.state.calls.append(auth)
+        if auth != self.state.token:
+            # The EKS Pod Identity Agent answers a missing or wrong token with 4xx.
+            self._reply(401 if auth is None else 403, {"code": "AccessDenied", "message": "bad token"})
+            return
+        keys = self.state.credentials()
+        # Field names as the agent returns them (botocore's ContainerProvider and the AWS C++ SDK's
+        # ECS/"general HTTP" provider both read AccessKeyId, SecretAccessKey, Token, Expiration).
+        self._reply(200, {"AccessKeyId": keys.access_key_id, "SecretAccessKey": keys.secret_access_key,
+                          "Token": keys.session_token, "AccountId": self.state.account_id,
+                          "Expiration": keys.expiration})
+
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@register("pod_identity")
+class PodIdentityEndpoint:
+    """A Pod-Identity-style credential endpoint on 127.0.0.1:<port 0>, serving `credentials()`.
+
+    `env()` is the environment a pod gets from the Pod Identity webhook, pointing here; with
+    `exclusive_env()` nothing else could supply credentials. `calls` lists each call's
+    Authorization header; `authorized_calls` counts those that carried the token.
+    """
+
+    def __init__(self, credentials: Callable[[], Keys] | Keys, account_id: str = "123456789012",
+                 token: str | None = None):
+        self._credentials = credentials if callable(credentials) else (lambda: credentials)
+        self.token = token or secrets.token_urlsafe(24)
+        self.account_id = account_id
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.token_file = ""
+        self.url = ""
+
+    def __enter__(self) -> PodIdentityEndpoint:
+        state = _EndpointState(self.token, self._credentials, self.account_id)
+        handler = type("Handler", (_CredentialsHandler,), {"state": state})
+        self._state = state
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self._tmp = tempfile.TemporaryDirectory(prefix="pod-identity-")
+        self.token_file = os.path.join(self._tmp.name, "eks-pod-identity-token")
+        Path(self.token_file).write_text(self.token)
+        # The path the EKS Pod Identity Agent serves (169.254.170.23/v1/credentials on a node).
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/credentials"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=STOP_TIMEOUT_S)
+            self._server = None
+        if self._tmp:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    @property
+    def calls(self) -> list[str | None]:
+        with self._state.lock:
+            return list(self._state.calls)
+
+    @property
+    def authorized_calls(self) -> int:
+        return sum(1 for c in self.calls if c == self.token)
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_CONTAINER_CREDENTIALS_FULL_URI": self.url,
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": self.token_file}
+
+    def exclusive_env(self, endpoint_url: str | None = None, base: dict | None = None) -> dict[str, str]:
+        """`base` (default os.environ) with this endpoint as the only credential source.
+
+        Shared config/credential files point at an empty file and IMDS is off, as on a pod with
+        hop limit 1; `endpoint_url` (moto's) becomes the S3/STS endpoint for botocore and pyarrow.
+        """
+        env = {k: v for k, v in (os.environ if base is None else base).items()
+               if k not in _OTHER_CREDENTIAL_VARS}
+        empty = os.path.join(self._tmp.name, "empty")
+        Path(empty).touch()
+        env.update(self.env(), AWS_CONFIG_FILE=empty, AWS_SHARED_CREDENTIALS_FILE=empty,
+                   AWS_EC2_METADATA_DISABLED="true", AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION)
+        if endpoint_url:
+            env["AWS_ENDPOINT_URL"] = endpoint_url
+        return env
+
+
+def _moto_child() -> None:
+    """Child-process entry: start moto on port 0, make an admin, enforce auth, print, wait for EOF."""
+    os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+    from moto import settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    # No auth while the admin identity is made, through the server itself like any client ...
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    import boto3
+
+    iam = boto3.session.Session(aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap",
+                                region_name=REGION).client("iam", endpoint_url=f"http://127.0.0.1:{port}")
+    iam.create_user(UserName="admin")
+    iam.put_user_policy(UserName="admin", PolicyName="all",
+                        PolicyDocument=json.dumps(only_policy(["*"])))
+    key = iam.create_access_key(UserName="admin")["AccessKey"]
+    me = boto3.session.Session(aws_access_key_id=key["AccessKeyId"],
+                               aws_secret_access_key=key["SecretAccessKey"], region_name=REGION
+                               ).client("sts", endpoint_url=f"http://127.0.0.1:{port}").get_caller_identity()
+    # ... then every request is authenticated and authorized (moto/core/authorization.py, 5.2.5:
+    # auth applies once request_count >= INITIAL_NO_AUTH_ACTION_COUNT).
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = 0
+    ActionAuthenticatorMixin.request_count = 0
+    print(json.dumps({"port": port, "account_id": me["Account"], "admin_arn": me["Arn"],
+                      "admin": {"access_key_id": key["AccessKeyId"],
+                                "secret_access_key": key["SecretAccessKey"]}}), flush=True)
+    sys.stdin.read()  # until the parent closes the pipe (or dies)
+    server.stop()
+
+
+# ---- issue 22: moto's EC2/IAM server for Ray's cluster launcher (auth not enforced) ----------------
 # Fake credentials: moto accepts any signature when auth is not enforced; nothing here reaches AWS.
 FAKE_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
@@ -44,3 +394,13 @@ def moto_ec2_server() -> Iterator[MotoEc2]:
         yield MotoEc2(endpoint_url=f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+SERVERS["moto_ec2"] = moto_ec2_server
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["moto"]:
+        _moto_child()
+    else:
+        sys.exit(f"usage: python -m tests.loopback moto (got {sys.argv[1:]})")
