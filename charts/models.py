@@ -171,6 +171,8 @@ class Container(K8sModel):
     volume_mounts: list[VolumeMount]
     security_context: SecurityContext | None = None
     lifecycle: Lifecycle | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
 
 
 class Toleration(K8sModel):
@@ -192,6 +194,8 @@ class PodSpec(K8sModel):
     tolerations: list[Toleration] | None = None
     containers: list[Container]
     volumes: list[Volume]
+    restart_policy: Literal["Always", "OnFailure", "Never"] | None = None
+    active_deadline_seconds: int | None = Field(default=None, gt=0)
 
 
 class TemplateMetadata(K8sModel):
@@ -249,19 +253,63 @@ class RayClusterSpec(K8sModel):
     worker_group_specs: list[WorkerGroupSpec]
 
 
+class SubmitterConfig(K8sModel):
+    """`RayJob.spec.submitterConfig`: the K8sJobMode submitter Job's own retries."""
+
+    backoff_limit: int = Field(ge=0)
+
+
+class DeletionCondition(K8sModel):
+    """When a deletion rule fires: the Ray job's status or the RayJob's deployment status (exactly one, as
+    the CRD's CEL rules demand), `ttl_seconds` after the job ended."""
+
+    job_status: Literal["SUCCEEDED", "FAILED"] | None = None
+    job_deployment_status: Literal["Failed"] | None = None
+    ttl_seconds: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DeletionCondition:
+        if (self.job_status is None) == (self.job_deployment_status is None):
+            raise ValueError("a deletion condition names exactly one of job_status and job_deployment_status")
+        return self
+
+
+class DeletionRule(K8sModel):
+    """One `deletionStrategy.deletionRules` entry."""
+
+    policy: Literal["DeleteWorkers", "DeleteCluster", "DeleteSelf", "DeleteNone"]
+    condition: DeletionCondition
+
+
+class DeletionStrategy(K8sModel):
+    """`RayJob.spec.deletionStrategy` in rules mode (KubeRay 1.5+; the legacy onSuccess/onFailure pair is not used)."""
+
+    deletion_rules: list[DeletionRule] = Field(min_length=1)
+
+
 class RayJobSpec(K8sModel):
-    """`RayJob.spec`: the job, its retries and lifetime, and the cluster it creates."""
+    """`RayJob.spec`: the job, its retries, deadlines and clean-up, and the cluster it creates."""
 
     entrypoint: str
     runtime_env_yaml: str | None = Field(default=None, alias="runtimeEnvYAML")
-    # SidecarMode: KubeRay runs the submitter as a container of the head pod, on the head's (already pulled)
-    # image, talking to the dashboard on the pod's loopback; no separate Job pod pulls the image again.
-    submission_mode: Literal["K8sJobMode", "SidecarMode"] = "SidecarMode"
-    shutdown_after_job_finishes: bool
-    ttl_seconds_after_finished: int = Field(ge=0)
+    submission_mode: Literal["K8sJobMode", "SidecarMode", "HTTPMode"]
+    submitter_pod_template: PodTemplateSpec | None = None
+    submitter_config: SubmitterConfig | None = None
+    # Rules mode of deletionStrategy is incompatible with shutdownAfterJobFinishes and the global
+    # ttlSecondsAfterFinished (KubeRay 1.7.0 utils/validation.go validateDeletionConfiguration).
+    shutdown_after_job_finishes: bool | None = None
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    deletion_strategy: DeletionStrategy | None = None
     active_deadline_seconds: int = Field(gt=0)
+    pre_running_deadline_seconds: int | None = Field(default=None, gt=0)
     backoff_limit: int = Field(ge=0)
     ray_cluster_spec: RayClusterSpec
+
+    @model_validator(mode="after")
+    def _one_deletion_mechanism(self) -> RayJobSpec:
+        if self.deletion_strategy is not None and (self.shutdown_after_job_finishes or self.ttl_seconds_after_finished):
+            raise ValueError("deletionStrategy rules exclude shutdownAfterJobFinishes and ttlSecondsAfterFinished")
+        return self
 
 
 # ---- cdk8s API objects ----------------------------------------------------------------------

@@ -20,6 +20,9 @@ from charts.models import (
     Capabilities,
     Container,
     ContainerPort,
+    DeletionCondition,
+    DeletionRule,
+    DeletionStrategy,
     EmptyDirVolumeSource,
     EnvVar,
     EnvVarSource,
@@ -36,6 +39,7 @@ from charts.models import (
     ResourceRequirements,
     SeccompProfile,
     SecurityContext,
+    SubmitterConfig,
     TemplateMetadata,
     Toleration,
     Volume,
@@ -349,15 +353,98 @@ def ray_cluster_spec(config: ClusterConfig, code: bundle.CodeBundle, *, owner: s
     )
 
 
+SUBMITTER_CONTAINER = "ray-job-submitter"
+SUBMITTER_RESOURCES = {"cpu": "500m", "memory": "1Gi"}  # the Ray CLI only: submit, then stream a log
+SUBMITTER_BACKOFF_LIMIT = 6
+"""Submitter pod restarts (K8s Job backoffLimit) before the RayJob fails as SubmissionFailed.
+
+follow.sh itself re-attaches to a dropped log stream; a pod restart is for the pod lost with its
+node (a system node replaced) or an image pull that failed. The Job's back-off (10 s doubling,
+kubernetes batch/v1 Job semantics) makes six restarts span about ten minutes."""
+
+
+def submitter_template(config: ClusterConfig, code: bundle.CodeBundle) -> PodTemplateSpec:
+    """The K8sJobMode submitter pod: `follow.sh` on the Ray image (pre-pulled on every node) on a system node.
+
+    KubeRay 1.7.0 keeps our command (rayjob_controller.go `configureSubmitterContainer`: the default
+    is used only when the container has none) and adds RAY_DASHBOARD_ADDRESS, RAY_JOB_SUBMISSION_ID
+    and, with token auth, the token variables; it puts the template in a batch/v1 Job with
+    `submitterConfig.backoffLimit` (`createNewK8sJob`). The pod's own activeDeadlineSeconds bounds it
+    by `job.timeout_hours` even if the RayJob is gone.
+    """
+    container = Container(
+        name=SUBMITTER_CONTAINER,
+        image=config.ray.image,
+        image_pull_policy="IfNotPresent",
+        working_dir=bundle.MOUNT_PATH,
+        env=_env({}),
+        command=["bash", f"{bundle.MOUNT_PATH}/{bundle.FOLLOW_SCRIPT}"],
+        resources=ResourceRequirements(requests=dict(SUBMITTER_RESOURCES), limits=dict(SUBMITTER_RESOURCES)),
+        volume_mounts=[_code_mount()],
+        security_context=container_security_context(),
+    )
+    spec = PodSpec(
+        service_account_name=config.ray.service_account,
+        automount_service_account_token=False,
+        node_selector=system_node_labels(),
+        security_context=pod_security_context(),
+        containers=[container],
+        volumes=[_code_volume(config, code)],
+        restart_policy="Never",  # the Job makes a new pod on failure (its backoffLimit counts them)
+        active_deadline_seconds=round(config.job.timeout_hours * 3600),
+    )
+    return PodTemplateSpec(metadata=TemplateMetadata(labels=labels(config)), spec=spec)
+
+
+def deletion_rules(config: ClusterConfig) -> DeletionStrategy:
+    """GPU workers go as soon as the job ends; the head (dashboard, logs) `job.ttl_hours` later.
+
+    KubeRay 1.7.0 (rayjob_controller.go `handleDeletionRules`) runs, once the RayJob is Complete or
+    Failed for good (a failure that will be retried goes to Retrying instead and never reaches the
+    rules: `checkBackoffLimitAndUpdateStatusIfNeeded`), every rule whose condition matches, each
+    `ttlSeconds` after `status.endTime`. DeleteWorkers suspends the worker groups (`suspendWorkerGroups`),
+    so the GPU pods go and the cluster autoscaler removes their nodes after
+    `autoscaling.scale_down_minutes`; DeleteCluster then deletes the RayCluster (head included) and
+    leaves the submitter Job, whose pod log is the driver's output. The CRD allows conditions on
+    `jobStatus` SUCCEEDED/FAILED and on `jobDeploymentStatus` Failed (ray.io_rayjobs.yaml, 1.7.0); the
+    last covers failures where the Ray job never ran or never ended (PreRunningDeadlineExceeded,
+    DeadlineExceeded, SubmissionFailed). validateDeletionRules requires DeleteWorkers' TTL <= DeleteCluster's.
+    """
+    ttl = round(config.job.ttl_hours * 3600)
+    rules = []
+    for condition in ({"job_status": "SUCCEEDED"}, {"job_status": "FAILED"}, {"job_deployment_status": "Failed"}):
+        rules.append(DeletionRule(policy="DeleteWorkers", condition=DeletionCondition(**condition, ttl_seconds=0)))
+        rules.append(DeletionRule(policy="DeleteCluster", condition=DeletionCondition(**condition, ttl_seconds=ttl)))
+    return DeletionStrategy(deletion_rules=rules)
+
+
 def ray_job_spec(config: ClusterConfig, code: bundle.CodeBundle) -> RayJobSpec:
-    """The RayJob: `job.sh` from the bundle on a fresh cluster, retried (each retry resumes), then torn down."""
+    """The RayJob: `job.sh` from the bundle on a fresh cluster, retried (each retry resumes), then cleaned up.
+
+    K8sJobMode with our own submitter (`follow.sh`, see `submitter_template`), not SidecarMode: in
+    SidecarMode KubeRay 1.7.0 sets the head pod's restartPolicy to Never (rayjob_controller.go
+    `constructRayClusterForRayJob`), so once the sidecar exits the head stays not-Ready, and a job
+    that failed before the cluster was Ready waited in Initializing until activeDeadlineSeconds
+    (kuberay#4945); and a dropped log stream failed a healthy job (kuberay#4285, #4921). Not HTTPMode:
+    it has no submitter pod, so no driver log survives the cluster, and `workloads.verify` reads the
+    preflight result from that log.
+    Deadlines: `preRunningDeadlineSeconds` (`job.start_deadline_minutes`) fails an attempt whose
+    cluster is not Ready in time (no GPU capacity, quota) with reason PreRunningDeadlineExceeded;
+    `activeDeadlineSeconds` (`job.timeout_hours`) fails it with DeadlineExceeded, which KubeRay never
+    retries. Both count from `status.startTime`, which KubeRay resets at every retry
+    (`initRayJobStatusIfNeed`), so the driver also enforces `job.timeout_hours` across attempts
+    (`workloads.fsdp_finetune.deadline`).
+    """
     job = config.job
     return RayJobSpec(
         entrypoint=f"bash {bundle.MOUNT_PATH}/{bundle.JOB_SCRIPT}",
         runtime_env_yaml=yaml.safe_dump(runtime_env(config), sort_keys=False),
-        shutdown_after_job_finishes=True,
-        ttl_seconds_after_finished=round(job.ttl_hours * 3600),
+        submission_mode="K8sJobMode",
+        submitter_pod_template=finish_template(config, submitter_template(config, code), job_name(config)),
+        submitter_config=SubmitterConfig(backoff_limit=SUBMITTER_BACKOFF_LIMIT),
+        deletion_strategy=deletion_rules(config),
         active_deadline_seconds=round(job.timeout_hours * 3600),
+        pre_running_deadline_seconds=round(job.start_deadline_minutes * 60),
         backoff_limit=job.retries,
         ray_cluster_spec=ray_cluster_spec(config, code, owner=job_name(config)),
     )

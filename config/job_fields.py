@@ -93,7 +93,17 @@ class JobConfig(_Strict):
     )
     timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
     retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
-    ttl_hours: float = Field(default=1, ge=0, description="Hours a finished RayJob's cluster is kept.")
+    ttl_hours: float = Field(
+        default=1, ge=0,
+        description="Hours a finished RayJob's head (Ray dashboard, driver log) is kept; its GPU workers go "
+        "as soon as the job ends (KubeRay deletionRules).",
+    )
+    start_deadline_minutes: float = Field(
+        default=30, gt=0, le=24 * 60,
+        description="RayJob preRunningDeadlineSeconds, minutes: how long one attempt may wait for its whole Ray "
+        "cluster (GPU nodes from zero, image pull) before it fails as PreRunningDeadlineExceeded, e.g. with no "
+        "GPU capacity or too small a quota. KubeRay 1.7.0 retries that failure (job.retries).",
+    )
 
     @field_validator("mlflow_tracking_uri")
     @classmethod

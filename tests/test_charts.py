@@ -346,21 +346,9 @@ def test_rayjob_uses_the_same_cluster_spec(any_synth):
         ray.job_name(any_synth.config)}
 
 
-def test_rayjob_lifecycle_from_the_job_section(default):
-    spec = default.one("RayJob")["spec"]
-    job = default.config.job
-    assert spec["shutdownAfterJobFinishes"] is True
-    assert spec["ttlSecondsAfterFinished"] == job.ttl_hours * 3600
-    assert spec["backoffLimit"] == job.retries
-    assert spec["activeDeadlineSeconds"] == job.timeout_hours * 3600
-    assert spec["entrypoint"] == "bash /app/job.sh"
-
-
-def test_rayjob_submitter_runs_as_a_head_sidecar(default):
-    """SidecarMode: KubeRay's submitter is a container of the head pod on its image, so no separate
-    Job pod pulls the multi-GB image a second time."""
-    assert default.one("RayJob")["spec"]["submissionMode"] == "SidecarMode"
-    assert "submitterPodTemplate" not in default.one("RayJob")["spec"]
+def test_rayjob_runs_job_sh(default):
+    # Deadlines, retries, submission mode and deletion rules: tests/test_rayjob_lifecycle.py.
+    assert default.one("RayJob")["spec"]["entrypoint"] == "bash /app/job.sh"
 
 
 def _script_commands(text: str) -> list[list[str]]:

@@ -261,3 +261,26 @@ def test_compiled_chunked_loss_equals_eager():
         hidden.grad = head.weight.grad = None
     for eager, compiled in zip(*grads, strict=True):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_two_runs_with_one_name_stage_checkpoints_apart(tmp_path):
+    """Two local runs named alike (two output folders on one machine) never empty each other's staging."""
+    from workloads.fsdp_finetune.train import _checkpoint_staging, checkpoint_staging_dir
+
+    run = f"same-name-{os.getpid()}"
+    first = _checkpoint_staging(run, 0, str(tmp_path / "a"))
+    staged = os.path.join(first, "checkpoint_step_0000004-x")
+    os.makedirs(staged)
+    second = _checkpoint_staging(run, 0, str(tmp_path / "b"))  # the other run starting (it empties its own)
+    try:
+        assert first != second
+        assert os.path.isdir(staged)  # the first run's checkpoint waiting for upload is still there
+        # The same run restarting finds (and empties) its own folder: a killed attempt's leftovers go.
+        assert _checkpoint_staging(run, 0, str(tmp_path / "a")) == first and os.listdir(first) == []
+        a = str(tmp_path / "a")
+        assert checkpoint_staging_dir(run, a, 1) != checkpoint_staging_dir(run, a, 0)
+    finally:
+        import shutil
+
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.rmtree(second, ignore_errors=True)

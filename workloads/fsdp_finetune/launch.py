@@ -203,7 +203,7 @@ def build_trainer(plan: RunPlan, **extra):
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
                                      run_dir=plan.run_dir, eval_records=plan.eval_records,
                                      driver_progress=plan.metrics_path is not None, sharding=plan.sharding,
-                                     ranks_per_node=plan.ranks_per_node, **extra)
+                                     ranks_per_node=plan.ranks_per_node, storage_path=plan.storage_path, **extra)
     # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
     # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
     timeout_s = round(job.collective_timeout_minutes * 60)

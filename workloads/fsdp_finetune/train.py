@@ -58,7 +58,8 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
     a progress bar from metrics.jsonl, so rank 0 does not also log every report. `sharding`
     (resolved: full or hybrid; default `job["sharding"]`) and `ranks_per_node` (default: all ranks
     on one node) are the variable file's topology (`topology.mesh_plan`). `extra` carries test
-    knobs: `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
+    knobs: `storage_path` (Ray's storage; it keys the checkpoint staging folder,
+    `checkpoint_staging_dir`) and `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
     records that it did), to exercise restarts.
     """
     return {
@@ -259,7 +260,7 @@ def train_func(config: dict) -> None:
 
     held_out = _held_out(config, held_out_records, tokenizer, rank=rank, world=world)
     tracker = _tracker(config, resume_step=step, world=world) if rank == 0 else None
-    staging = _checkpoint_staging(job["run_name"], rank)
+    staging = _checkpoint_staging(job["run_name"], rank, config.get("storage_path"))
     peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
     batch_iter = iter(batches)
     window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
@@ -320,19 +321,25 @@ def train_func(config: dict) -> None:
             log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs%s", step, loss, lr,
                      metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"],
                      f" eval_loss {metrics['eval_loss']:.4f}" if evaluate_now else "")
-        checkpoint = None
         if save:
             # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
             # while training goes on (ASYNC), then deletes it.
             directory = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=staging)
             save_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
                             data_state=batches.state_dict(), device=device)
-            checkpoint = ray.train.Checkpoint.from_directory(directory)
-        # Every report asynchronous, not only the checkpoints': reports are taken in order, so a
-        # synchronous one would wait for the upload of the checkpoint before it.
-        ray.train.report(metrics, checkpoint=checkpoint,
-                         checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}" if save else None,
-                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+            # Only checkpoints are reported to Ray; the figures of every report already went to the
+            # tracker above (metrics.jsonl, TensorBoard). Ray Train 2.58's controller takes one report
+            # per worker per poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): each worker's result queue has
+            # maxsize 1 and later reports wait their turn in order (ray/train/v2/_internal/execution/
+            # context.py `_wait_then_report`, worker_group/worker.py `poll_status`). Reporting every
+            # step queued reports faster than they were taken, so a checkpoint was registered long
+            # after it was written, and a worker killed meanwhile restarted from an older one (step
+            # 0 instead of 50 with report_every 1). With checkpoint reports alone, one is registered
+            # within its upload plus one poll, whatever report_every is.
+            # Asynchronous: training goes on while the checkpoint uploads.
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                             checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}",
+                             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
         window_steps, window_tokens = 0, 0
         window_loss, window_label_tokens = [], []
 
@@ -363,13 +370,29 @@ def _tracker(config: dict, *, resume_step: int, world: int):
     return RunTracker(config["run_dir"], job=config["job"], resume_step=resume_step, settings=settings)
 
 
-def _checkpoint_staging(run_name: str, rank: int) -> str:
+def checkpoint_staging_dir(run_name: str, storage_path: str | None, rank: int) -> Path:
+    """This rank's local folder for checkpoints waiting for upload (see `_checkpoint_staging`).
+
+    Keyed on the run's storage location as well as its name and rank: two runs with the same
+    name but different storage (two local runs on one machine, two output folders) never share
+    one, so neither deletes the other's staged checkpoints. The same run (same storage and name)
+    finds its own folder again after a restart.
+    """
+    import hashlib
+
+    where = f"{(storage_path or '').rstrip('/')}/{run_name}"
+    digest = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"fsdp-finetune-{run_name}-{digest}-rank{rank}"
+
+
+def _checkpoint_staging(run_name: str, rank: int, storage_path: str | None = None) -> str:
     """This rank's local folder for checkpoints waiting for upload, emptied of a killed attempt's leftovers.
 
     Per rank, so ranks sharing a node never touch each other's; a restarted group starts only after
-    the old one is gone, so nothing left here is still being uploaded.
+    the old one is gone, so nothing left here is still being uploaded. Per storage location too
+    (`checkpoint_staging_dir`), so another run that merely shares the name is left alone.
     """
-    staging = Path(tempfile.gettempdir()) / f"fsdp-finetune-{run_name}-rank{rank}"
+    staging = checkpoint_staging_dir(run_name, storage_path, rank)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return str(staging)
