@@ -311,9 +311,9 @@ def test_marker_found_after_a_long_nccl_flood(tmp_path):
     assert line == MARKER_FAIL
     (name, kwargs), = core.calls
     assert name == "finetune-abcde" and "tail_lines" not in kwargs and kwargs["_preload_content"] is False
-    # SidecarMode: the submitter is the head pod's ray-job-submitter container, found by the cluster's labels.
+    # K8sJobMode: the submitter Job's pods, labelled by KubeRay with the RayJob's name; our container's name.
     assert kwargs["container"] == "ray-job-submitter"
-    assert core.selectors == ["ray.io/cluster=finetune,ray.io/node-type=head"]
+    assert core.selectors == ["ray.io/originated-from-cr-name=finetune"]
     assert core.responses[0].released and core.responses[0].largest_chunk <= 64 * 1024 < len(log)
     snap = healthy(config)
     snap["job_logs"] = line
@@ -354,3 +354,70 @@ def test_disabled_auth_warns(tmp_path):
     rows = verify.evaluate(config, **snapshot)
     assert statuses(rows)[("ray", "token auth")] == "WARN"
     assert not verify.failed(rows)
+
+
+# ---- the last job's outcome ------------------------------------------------------------------------
+
+
+def _finished(config, job_status, deployment_status, reason=None, message=None, *, workers=0):
+    snap = healthy(config)
+    job = rayjob(job_status=job_status, deployment_status=deployment_status)
+    job["status"].update({k: v for k, v in (("reason", reason), ("message", message)) if v})
+    snap["rayjobs"] = [job]
+    snap["pods"] = [ray_pod("finetune-head-abcde", "head")] + [
+        ray_pod(f"finetune-gpu-worker-{i}", "worker") for i in range(workers)]
+    # DeleteWorkers has released the GPU workers, so their nodes are scaling away.
+    snap["nodes"] = [n for n in snap["nodes"] if n.metadata.labels.get("ray-efa.io/role") != "gpu"]
+    return snap
+
+
+def test_a_finished_successful_job_passes_with_its_workers_released(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **_finished(config, "SUCCEEDED", "Complete"))
+    assert not verify.failed(rows), verify.render(rows)
+    got = statuses(rows)
+    assert got[("ray", "head")] == "PASS" and got[("ray", "workers")] == "SKIP"
+    (job,) = [r for r in rows if r.name == "last job"]
+    assert job.status == "PASS" and "succeeded" in job.detail
+    assert "ray.io/originated-from-cr-name=finetune -c ray-job-submitter" in job.detail
+
+
+@pytest.mark.parametrize(("stage", "reason", "expected"), [
+    (None, "AppFailed", "plan"),
+    ("settings", "AppFailed", "settings"),
+    ("preflight", "AppFailed", "preflight"),
+    ("train", "AppFailed", "training"),
+    (None, "PreRunningDeadlineExceeded", "waiting for the cluster"),
+    ("train", "DeadlineExceeded", "deadline"),
+    (None, "SubmissionFailed", "submission"),
+])
+def test_a_failed_job_names_the_failing_stage(tmp_path, stage, reason, expected):
+    config = load_variant(tmp_path)
+    snap = _finished(config, "FAILED" if reason == "AppFailed" else "PENDING", "Failed", reason=reason)
+    rows = verify.evaluate(config, **snap, job_stage=stage)
+    (job,) = [r for r in rows if r.name == "last job"]
+    assert job.status == "FAIL" and f"at stage '{expected}'" in job.detail
+    assert job.fix
+    assert [r.name for r in rows if r.status == "FAIL"] == ["last job"]  # released GPU nodes are not a failure
+
+
+def test_no_capacity_says_so(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **_finished(config, "PENDING", "Failed", reason="PreRunningDeadlineExceeded",
+                                               message="The RayJob has passed the preRunningDeadlineSeconds."))
+    (job,) = [r for r in rows if r.name == "last job"]
+    assert "no GPU capacity" in job.detail and "quota" in job.detail and "preRunningDeadlineSeconds" in job.detail
+
+
+def test_stage_is_the_last_job_stage_line_of_the_submitter_logs():
+    log = "JOB_STAGE settings\n" + MARKER_OK + "\nJOB_STAGE preflight\nnoise\nJOB_STAGE train\nstep 1\n"
+    core = FakeCore({"finetune-sub-1": "JOB_STAGE settings\n", "finetune-sub-2": log})
+    assert verify.submitter_logs(core, "ray", "finetune") == (MARKER_OK, "train")
+    assert verify.submitter_logs(FakeCore({"x": "nothing\n"}), "ray", "finetune") == ("", None)
+
+
+def test_a_running_job_passes(tmp_path):
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **healthy(config), job_stage="train")
+    (job,) = [r for r in rows if r.name == "last job"]
+    assert job.status == "PASS" and "stage train" in job.detail

@@ -15,9 +15,14 @@ server; `gather()` is the only code that talks to the cluster (current kubeconfi
 * with `ray.auth: token`, the head container has RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from a Secret
   (what KubeRay injects for `authOptions`); with `ray.auth: disabled`, a warning;
 * the latest RayJob's preflight result: the last `PREFLIGHT_RESULT {...}` line in its submitter's
-  logs (SidecarMode: the `ray-job-submitter` container of the job cluster's head pod, gone once the
-  cluster is deleted `job.ttl_hours` after the job), streamed whole (training's NCCL INFO output
-  follows it, so a tail window would miss it).
+  logs (K8sJobMode: the `ray-job-submitter` container of the submitter Job's pods, labelled
+  `ray.io/originated-from-cr-name=<rayjob>`; KubeRay keeps that Job after deleting the cluster, so
+  the log outlives it), streamed whole (training's NCCL INFO output follows it, so a tail window
+  would miss it);
+* the latest RayJob's outcome: PASS when it succeeded (its GPU workers then gone, the head kept
+  `job.ttl_hours`) or is under way; FAIL naming the stage that failed (waiting for the cluster,
+  plan, settings, preflight, training, submission, deadline) from the RayJob's reason and the last
+  `JOB_STAGE` line the driver wrote.
 
 Exit status: 0 when nothing failed (warnings and skips allowed), 1 on any failure, 2 when the
 cluster cannot be reached.
@@ -40,7 +45,11 @@ from config.k8s import RAY_NODE_TYPE_LABEL as NODE_TYPE_LABEL
 from workloads.preflight.report import MARKER, table
 
 SUBMITTER_CONTAINER = "ray-job-submitter"
-"""The submitter container KubeRay adds to the head pod of a RayJob in SidecarMode."""
+"""The container of the RayJob's submitter pod (charts.ray.submitter_template; K8sJobMode)."""
+ORIGIN_LABEL = "ray.io/originated-from-cr-name"
+"""KubeRay 1.7.0 labels the submitter pods with the RayJob's name (rayjob_controller.go getSubmitterTemplate)."""
+STAGE_MARKER = "JOB_STAGE"
+"""The driver prints `JOB_STAGE <stage>` as it enters each stage (workloads.fsdp_finetune.launch)."""
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
 # zero desired pods there is normal.
 _NVIDIA_EXCLUDE = ("mps-control",)
@@ -243,6 +252,15 @@ def check_ray_pods(pods: list, config, rayjob: dict | None = None) -> list[Row]:
         name = rayjob["metadata"]["name"]
         return [Row(section="ray", name="head and workers", status="SKIP",
                     detail=f"no Ray pods: RayJob {name} finished and its cluster was removed")]
+    if _terminal(rayjob):
+        # deletionRules: the GPU workers go when the job ends, the head stays job.ttl_hours (charts.ray).
+        name = rayjob["metadata"]["name"]
+        head = next((p for p in heads if _pod_ready(p)), None)
+        return [Row(section="ray", name="head", status="PASS" if head else "SKIP",
+                    detail=f"{head.metadata.name} ready (kept job.ttl_hours after RayJob {name} ended)" if head
+                    else f"RayJob {name} ended; its head is not running"),
+                Row(section="ray", name="workers", status="SKIP",
+                    detail=f"RayJob {name} ended: its GPU workers were released ({len(workers)} left)")]
     rows = []
     ready_heads = sum(_pod_ready(p) for p in heads)
     if ready_heads >= 1:
@@ -317,37 +335,119 @@ def last_marker_line(lines: Iterable[str]) -> str | None:
     return found
 
 
-def submitter_marker(core, namespace: str, cluster_name: str) -> str | None:
-    """Stream the whole log of the RayJob's submitter and return the last marker line.
+def last_stage(lines: Iterable[str]) -> str | None:
+    """The stage named by the last `JOB_STAGE <stage>` line, or None."""
+    stage = None
+    for line in lines:
+        _, found, rest = line.partition(STAGE_MARKER + " ")
+        if found and rest.split():
+            stage = rest.split()[0]
+    return stage
 
-    The RayJob runs in KubeRay's SidecarMode: the submitter is the `ray-job-submitter` container of the
-    head pod of the job's RayCluster (`status.rayClusterName`). The submitter follows the driver's
-    output, and training floods it with NCCL INFO lines from every rank after the preflight,
-    so no tail limit: every line is scanned, one at a time.
-    Returns the marker line, "" when logs were read but carry no marker, None when none could be read.
+
+def _scan(lines: Iterable[str]) -> tuple[str | None, str | None]:
+    """(last marker line, last stage) in one pass."""
+    marker, stage = None, None
+    for line in lines:
+        if MARKER in line:
+            marker = last_marker_line([line]) or marker
+        if STAGE_MARKER in line:
+            stage = last_stage([line]) or stage
+    return marker, stage
+
+
+def submitter_logs(core, namespace: str, rayjob_name: str) -> tuple[str | None, str | None]:
+    """Stream the whole log of the RayJob's submitter pods: (last marker line, last stage).
+
+    K8sJobMode: the submitter is a batch/v1 Job whose pods KubeRay labels with the RayJob's name;
+    `follow.sh` in its `ray-job-submitter` container follows the driver's output. Training floods
+    that with NCCL INFO lines from every rank after the preflight, so no tail limit: every line is
+    scanned, one at a time. The marker is "" when logs were read but carry none, None when no log
+    could be read.
     """
     from kubernetes.client.rest import ApiException
 
-    selector = f"{CLUSTER_LABEL}={cluster_name},{NODE_TYPE_LABEL}=head"
-    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
-    # Oldest first, so a later head's (a retry's) result wins.
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{ORIGIN_LABEL}={rayjob_name}").items
+    # Oldest first, so a later pod's (a retry's) result wins.
     pods = sorted(pods, key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
-    found, read_any = None, False
+    found, stage, read_any = None, None, False
     for pod in pods:
         try:
             response = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=SUBMITTER_CONTAINER,
                                                     _preload_content=False, _request_timeout=300)
         except ApiException:
-            continue
+            continue  # a head or worker pod (no such container), or a pod already gone
         read_any = True
         try:
-            line = last_marker_line(iter_lines(response.stream(64 * 1024)))
+            line, pod_stage = _scan(iter_lines(response.stream(64 * 1024)))
         finally:
             response.release_conn()
-        found = line or found
+        found, stage = line or found, pod_stage or stage
     if found is not None:
-        return found
-    return "" if read_any else None
+        return found, stage
+    return ("" if read_any else None), stage
+
+
+def submitter_marker(core, namespace: str, rayjob_name: str) -> str | None:
+    """The last marker line of the RayJob's submitter logs (see `submitter_logs`)."""
+    return submitter_logs(core, namespace, rayjob_name)[0]
+
+
+# What each terminal RayJob reason (KubeRay 1.7.0 rayv1.JobFailedReason) means for the job, and the fix.
+_REASONS = {
+    "PreRunningDeadlineExceeded": (
+        "waiting for the cluster",
+        "the Ray cluster was not ready within job.start_deadline_minutes: usually no GPU capacity in "
+        "gpu_availability_zone or too small an EC2 quota",
+        "kubectl -n kube-system logs deploy/cluster-autoscaler | grep -i -E 'capacity|quota'; ask for quota, "
+        "another zone or instance type, or a capacity reservation"),
+    "DeadlineExceeded": (
+        "deadline", "job.timeout_hours passed", "raise job.timeout_hours, or resubmit: the run resumes from its last "
+        "checkpoint"),
+    "SubmissionFailed": (
+        "submission", "the submitter Job failed (it could not reach the head's Jobs API)",
+        "kubectl -n ray logs -l ray.io/originated-from-cr-name=<rayjob> -c ray-job-submitter"),
+    "JobStatusCheckTimeoutExceeded": (
+        "submission", "the operator could not read the job's status for 5 minutes",
+        "check the head pod and the NetworkPolicy's rule for the operator on port 8265"),
+}
+_STAGE_FIX = {
+    None: ("plan", "the memory plan refused the job or could not run (job.sh's first step)",
+           "python -m workloads.plan on your machine prints the refusal and the fix"),
+    "settings": ("settings", "a job setting, the dataset or the storage was refused before any worker started",
+                 "the driver's log (below) names the file, field and fix"),
+    "preflight": ("preflight", "the preflight failed (GPU, EFA, NCCL or S3 access)",
+                  "python -m workloads.preflight on the cluster for the full table"),
+    "train": ("training", "training failed after its retries (job.max_failures)",
+              "the driver's log names the error; resubmitting resumes from the last checkpoint"),
+    "export": ("export", "writing the final model failed", "check the bucket policy and free disk on rank 0's node"),
+}
+
+
+def check_job(rayjob: dict | None, stage: str | None, config) -> Row:
+    """The latest RayJob's outcome: succeeded or under way (PASS), or failed, naming the stage that failed."""
+    name = "last job"
+    if rayjob is None:
+        return Row(section="job", name=name, status="SKIP", detail="no RayJob submitted yet")
+    job = rayjob["metadata"]["name"]
+    status = rayjob.get("status") or {}
+    deployment, job_status, reason = status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason")
+    where = f"kubectl -n {config.ray.namespace} logs -l {ORIGIN_LABEL}={job} -c {SUBMITTER_CONTAINER}"
+    if deployment == "Complete" and job_status == "SUCCEEDED":
+        return Row(section="job", name=name, status="PASS",
+                   detail=f"RayJob {job} succeeded; GPU workers released, head kept {config.job.ttl_hours} h; "
+                          f"driver log: {where}")
+    if deployment != "Failed" and job_status not in ("FAILED", "STOPPED"):
+        state = f"{deployment or 'New'}" + (f", stage {stage}" if stage else "")
+        return Row(section="job", name=name, status="PASS", detail=f"RayJob {job} under way ({state})")
+    if reason in _REASONS:
+        label, what, fix = _REASONS[reason]
+    else:
+        label, what, fix = _STAGE_FIX.get(stage, (stage, f"the driver failed in stage {stage}", "see the driver's log"))
+    message = status.get("message") or ""
+    return Row(section="job", name=name, status="FAIL",
+               detail=f"RayJob {job} failed at stage '{label}': {what}" + (f" ({message[:160]})" if message else ""),
+               fix=f"{fix}; driver log: {where}")
 
 
 def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
@@ -376,16 +476,17 @@ def check_preflight(rayjob: dict | None, logs: str | None, config) -> Row:
 
 
 def evaluate(config, *, nodes: list, daemonsets: list, deployments: list, pods: list, rayjobs: list[dict],
-             job_logs: str | None) -> list[Row]:
+             job_logs: str | None, job_stage: str | None = None) -> list[Row]:
     """Every verification row for one snapshot of the cluster.
 
     `job_logs`: log text holding the marker (`gather` passes just the last marker line, "" when the
-    logs had none, None when they could not be read)."""
+    logs had none, None when they could not be read); `job_stage`: the driver's last JOB_STAGE."""
     job = latest_rayjob(rayjobs)
     gpu_nodes = sum(1 for n in nodes if (n.metadata.labels or {}).get(ROLE_LABEL) == "gpu")
-    return (check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config, gpu_nodes=gpu_nodes)
-            + check_ray_pods(pods, config, job)
-            + [check_ray_auth(pods, config, job), check_preflight(job, job_logs, config)])
+    rows = check_gpu_nodes(nodes, config) + check_controllers(daemonsets, deployments, config, gpu_nodes=gpu_nodes)
+    return (rows + check_ray_pods(pods, config, job)
+            + [check_ray_auth(pods, config, job), check_preflight(job, job_logs, config),
+               check_job(job, job_stage, config)])
 
 
 def failed(rows: list[Row]) -> bool:
@@ -422,9 +523,8 @@ def gather(config, *, kubeconfig: str | None = None, context: str | None = None,
             raise
         rayjobs = []
     job = latest_rayjob(rayjobs)
-    # SidecarMode: the submitter is a container of the RayJob's head pod; it follows the driver's output.
-    cluster = (job or {}).get("status", {}).get("rayClusterName")
-    logs = submitter_marker(core, ns, cluster) if cluster else None
+    # K8sJobMode: the submitter Job's pods follow the driver's output; KubeRay keeps them after the cluster.
+    logs, stage = submitter_logs(core, ns, job["metadata"]["name"]) if job else (None, None)
     return {
         "nodes": core.list_node().items,
         "daemonsets": apps.list_daemon_set_for_all_namespaces().items,
@@ -432,6 +532,7 @@ def gather(config, *, kubeconfig: str | None = None, context: str | None = None,
         "pods": core.list_namespaced_pod(ns, label_selector=NODE_TYPE_LABEL).items,
         "rayjobs": rayjobs,
         "job_logs": logs,
+        "job_stage": stage,
     }
 
 

@@ -368,7 +368,13 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
     )
 
 
+def stage(name: str) -> None:
+    """Mark the driver's log with the stage it enters; `workloads.verify` names the last one when a job fails."""
+    print(f"JOB_STAGE {name}", file=sys.stderr, flush=True)
+
+
 def _main_cluster(args, config: ClusterConfig, file: str) -> int:
+    stage("settings")
     job = config.job if args.max_steps is None else config.job.model_copy(update={"max_steps": args.max_steps})
     # Settings first: the bucket lookup below needs AWS credentials, and a bad setting should be
     # reported as such, not hidden behind an STS error.
@@ -379,11 +385,13 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     if config.ray.preflight:
         from workloads.preflight import run_preflight
 
+        stage("preflight")
         report = run_preflight(config, local=False)
         print(report.render())
         if not report.ok:
             print("preflight failed; not starting training", file=sys.stderr)
             return 1
+    stage("train")
     result = run_training(plan)
     print(json.dumps({"checkpoint": getattr(result.checkpoint, "path", None), "model": plan.export_uri,
                       "metrics": result.metrics}, default=str))
