@@ -29,7 +29,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov clean
+.PHONY: setup tools node-check synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools
@@ -113,6 +113,14 @@ checkov: synth $(CHECKOV_VENV)/.installed
 	$(CHECKOV) --framework kubernetes -d out/checkov
 	$(CHECKOV) --framework cloudformation -d cdk.out
 	$(CHECKOV) --framework cloudformation -d $(EC2_DIR)/cdk.out
+
+# pyarrow 24.0.0 (the oldest the image could carry) in its own venv, for tests/test_pyarrow_s3.py.
+PYARROW_OLDEST_VENV := .venv-pyarrow-oldest
+pyarrow-oldest: $(PYARROW_OLDEST_VENV)/.installed
+$(PYARROW_OLDEST_VENV)/.installed: requirements-pyarrow-oldest.txt
+	test -x $(PYARROW_OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(PYARROW_OLDEST_VENV)
+	$(PYARROW_OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-pyarrow-oldest.txt
+	touch $@
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache

@@ -91,8 +91,13 @@ def only_policy(actions: list[str], resources: list[str] | str = "*") -> dict:
 
 
 def s3_policy(bucket: str) -> dict:
-    """What the training pods' role gets on the job bucket (stacks grant the same read/write/list)."""
-    return only_policy(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket",
+    """What the training pods' role gets on the job bucket (stacks grant the same read/write/list).
+
+    Plus "s3:HeadBucket": AWS authorizes HeadBucket as s3:ListBucket, but moto 5.2.5 checks an
+    action of that name (moto/s3/responses.py maps HEAD on a bucket to "HeadBucket"); it is no
+    real IAM action, so it grants nothing AWS would not.
+    """
+    return only_policy(["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:ListBucket", "s3:HeadBucket",
                         "s3:GetBucketLocation", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
                        [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"])
 
@@ -358,7 +363,9 @@ def _moto_child() -> None:
                       "admin": {"access_key_id": key["AccessKeyId"],
                                 "secret_access_key": key["SecretAccessKey"]}}), flush=True)
     sys.stdin.read()  # until the parent closes the pipe (or dies)
-    server.stop()
+    # Not server.stop(): it joins request threads, and a client's keep-alive connection (pyarrow's
+    # S3 client in the test process) would hold the child until the parent's SIGKILL.
+    os._exit(0)
 
 
 # ---- issue 22: moto's EC2/IAM server for Ray's cluster launcher (auth not enforced) ----------------

@@ -416,10 +416,14 @@ _STAGE_FIX = {
            "python -m workloads.plan on your machine prints the refusal and the fix"),
     "settings": ("settings", "a job setting, the dataset or the storage was refused before any worker started",
                  "the driver's log (below) names the file, field and fix"),
+    "storage": ("storage", "the job's storage refused a test object (credentials, bucket policy, endpoint)",
+                "the driver's log names the error; python -m workloads.preflight checks the same"),
     "preflight": ("preflight", "the preflight failed (GPU, EFA, NCCL or S3 access)",
                   "python -m workloads.preflight on the cluster for the full table"),
     "train": ("training", "training failed after its retries (job.max_failures)",
               "the driver's log names the error; resubmitting resumes from the last checkpoint"),
+    "deadline": ("deadline", "job.timeout_hours was spent across the RayJob's attempts (the driver stopped it)",
+                 "resubmit to continue from the last checkpoint, or raise job.timeout_hours"),
     "export": ("export", "writing the final model failed", "check the bucket policy and free disk on rank 0's node"),
 }
 

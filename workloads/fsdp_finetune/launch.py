@@ -382,6 +382,27 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)
     refuse([p for p in [resume_problem(plan, source=file)] if p])
+    from workloads.fsdp_finetune.storage_check import storage_problem
+
+    stage("storage")
+    problem = storage_problem(plan.storage_path, plan.job.run_name)
+    if problem:
+        print(f"storage check failed; not starting training: {problem}", file=sys.stderr)
+        return 1
+    from workloads.fsdp_finetune.deadline import (
+        EXIT_DEADLINE,
+        DeadlineWatch,
+        spent_message,
+        start_or_resume,
+    )
+
+    # KubeRay restarts activeDeadlineSeconds at every retry: the job's own deadline spans them all.
+    deadline = start_or_resume(plan.run_dir, timeout_s=job.timeout_hours * 3600,
+                               stale_after_s=job.start_deadline_minutes * 60 + 600)
+    if deadline.remaining() <= 0:
+        stage("deadline")
+        print(spent_message(deadline, job.timeout_hours), file=sys.stderr)
+        return EXIT_DEADLINE
     if config.ray.preflight:
         from workloads.preflight import run_preflight
 
@@ -392,7 +413,8 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
             print("preflight failed; not starting training", file=sys.stderr)
             return 1
     stage("train")
-    result = run_training(plan)
+    with DeadlineWatch(plan.run_dir, deadline, job.timeout_hours):
+        result = run_training(plan)
     print(json.dumps({"checkpoint": getattr(result.checkpoint, "path", None), "model": plan.export_uri,
                       "metrics": result.metrics}, default=str))
     return 0
