@@ -91,7 +91,11 @@ class JobConfig(_Strict):
     run_name: str = Field(
         default="qwen2.5-1.5b-sft", pattern=r"^[A-Za-z0-9_.-]+$", description="Stable run name; a rerun resumes it."
     )
-    timeout_hours: float = Field(default=12, gt=0, description="RayJob activeDeadlineSeconds, hours.")
+    timeout_hours: float = Field(
+        default=12, gt=0,
+        description="Hours the whole job may take, retries included: each attempt's RayJob activeDeadlineSeconds, "
+        "and the driver's own deadline across attempts (KubeRay restarts its clock at every retry).",
+    )
     retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
     ttl_hours: float = Field(
         default=1, ge=0,
