@@ -109,6 +109,11 @@ def test_killed_run_resumes_from_s3_and_writes_model_and_tracking_there(cluster,
     assert "checkpoints/s3-run/loss.png" in keys
     weights = load(s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/model/model.safetensors")["Body"].read())
     assert weights and "checkpoints/s3-run/model/tokenizer_config.json" in keys
+    # Logs outlive the cluster: each rank's last lines beside the metrics, the killed rank's last words too.
+    rank1 = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/logs/rank-1.log")["Body"].read().decode()
+    rank0 = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/logs/rank-0.log")["Body"].read().decode()
+    assert "exported the model" in rank0
+    assert "rank 1 exits abruptly" in rank1  # written before the kill, kept by the rerun's rank 1
     # Ray's workers and the driver took their credentials from the endpoint, with the token, nothing else.
     assert pod_identity.authorized_calls > calls_before
     assert set(pod_identity.calls) == {pod_identity.token}

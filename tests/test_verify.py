@@ -380,6 +380,8 @@ def test_a_finished_successful_job_passes_with_its_workers_released(tmp_path):
     (job,) = [r for r in rows if r.name == "last job"]
     assert job.status == "PASS" and "succeeded" in job.detail
     assert "ray.io/originated-from-cr-name=finetune -c ray-job-submitter" in job.detail
+    # The logs that outlive the cluster: beside the run's metrics in the checkpoint storage.
+    assert f"{config.job.run_name}/logs/" in job.detail and job.detail.count("s3://") == 1
 
 
 @pytest.mark.parametrize(("stage", "reason", "expected"), [

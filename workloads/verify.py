@@ -428,6 +428,12 @@ _STAGE_FIX = {
 }
 
 
+def job_logs_uri(config) -> str:
+    """Where the job's driver log and each rank's last lines are kept (workloads.fsdp_finetune.job_logs)."""
+    bucket = config.bucket_name("<account>")
+    return f"{config.checkpoint_uri(bucket)}/{config.job.run_name}/logs/"
+
+
 def check_job(rayjob: dict | None, stage: str | None, config) -> Row:
     """The latest RayJob's outcome: succeeded or under way (PASS), or failed, naming the stage that failed."""
     name = "last job"
@@ -436,7 +442,8 @@ def check_job(rayjob: dict | None, stage: str | None, config) -> Row:
     job = rayjob["metadata"]["name"]
     status = rayjob.get("status") or {}
     deployment, job_status, reason = status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason")
-    where = f"kubectl -n {config.ray.namespace} logs -l {ORIGIN_LABEL}={job} -c {SUBMITTER_CONTAINER}"
+    where = (f"kubectl -n {config.ray.namespace} logs -l {ORIGIN_LABEL}={job} -c {SUBMITTER_CONTAINER}; "
+             f"driver.log and rank-<r>.log in {job_logs_uri(config)}")
     if deployment == "Complete" and job_status == "SUCCEEDED":
         return Row(section="job", name=name, status="PASS",
                    detail=f"RayJob {job} succeeded; GPU workers released, head kept {config.job.ttl_hours} h; "

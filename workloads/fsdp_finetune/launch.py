@@ -382,6 +382,15 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)
     refuse([p for p in [resume_problem(plan, source=file)] if p])
+    from workloads.fsdp_finetune.job_logs import DriverLog
+
+    # From here on the driver's output (Ray's forwarded worker lines too) is copied beside the metrics.
+    with DriverLog(plan.run_dir):
+        return _run_cluster_job(config, job, plan)
+
+
+def _run_cluster_job(config: ClusterConfig, job: JobConfig, plan: RunPlan) -> int:
+    """Storage check, job deadline, preflight, training: the cluster driver once its plan is known."""
     from workloads.fsdp_finetune.storage_check import storage_problem
 
     stage("storage")

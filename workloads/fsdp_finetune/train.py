@@ -199,15 +199,33 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
 def train_func(config: dict) -> None:
     """Fine-tune on this worker: build, shard, restore, train, checkpoint, report, export."""
     import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
+    _setup_logging(rank)
+    # Every rank's last lines go beside the metrics, so they outlive the Ray cluster (job_logs).
+    from workloads.fsdp_finetune.job_logs import attach_rank_tail
+
+    tail = attach_rank_tail(log, config.get("run_dir"), rank)
+    try:
+        _train(config, ctx, rank, world, local_rank)
+    except BaseException:
+        log.exception("rank %d failed", rank)
+        raise
+    finally:
+        if tail is not None:
+            tail.flush()
+
+
+def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
+    """The body of `train_func`, on this rank."""
+    import ray.train
     import ray.train.torch
     from transformers import AutoTokenizer
 
     from workloads.fsdp_finetune.data import ShardedBatches, build_datasets, uses_varlen
     from workloads.fsdp_finetune.model import resolve_attn_implementation
 
-    ctx = ray.train.get_context()
-    rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
-    _setup_logging(rank)
     job = config["job"]
     device = ray.train.torch.get_device()
     if device.type == "cpu":
