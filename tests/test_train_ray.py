@@ -95,7 +95,7 @@ def test_run_folder_has_tensorboard_events_and_the_plot(reference):
     plan, _, _ = reference
     acc = EventAccumulator(plan.run_dir)
     acc.Reload()
-    assert [e.step for e in acc.Scalars("eval/loss")] == [5, 10, 12]
+    assert [e.step for e in acc.Scalars("eval/loss")] == [0, 5, 10, 12]  # the untrained model's at step 0
     assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 5, 6, 8, 10, 12]
     assert os.path.isfile(os.path.join(plan.run_dir, "loss.png"))
 
@@ -160,7 +160,7 @@ def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root)
     assert result.error is None
     assert marker.read_text().startswith("killed at step 10")
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == list(range(1, 13))  # replayed steps are not logged twice
+    assert [r["step"] for r in records] == list(range(13))  # step 0: held-out only; replayed steps not twice
     assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 
@@ -180,7 +180,7 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
     result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
     assert result.error is None
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == [2, 4, 5, 6, 8, 10, 12]
+    assert [r["step"] for r in records] == [0, 2, 4, 5, 6, 8, 10, 12]
     assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 

@@ -102,7 +102,7 @@ def test_killed_run_resumes_from_s3_and_writes_model_and_tracking_there(cluster,
     s3 = moto_server.client("s3")
     body = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/metrics.jsonl")["Body"].read().decode()
     records = [json.loads(line) for line in body.splitlines() if line.strip()]
-    assert [r["step"] for r in records] == [2, 4, 6, 8, 10, 12]
+    assert [r["step"] for r in records] == [0, 2, 4, 6, 8, 10, 12]  # step 0: the untrained model's held-out loss
     assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}  # from the checkpoint in S3
     keys = _objects(moto_server, "checkpoints/s3-run/")
     assert any(k.split("/")[-1].startswith("events.out.tfevents") for k in keys)  # TensorBoard, beside metrics
