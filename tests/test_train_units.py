@@ -265,6 +265,8 @@ def test_compiled_chunked_loss_equals_eager():
 
 def test_two_runs_with_one_name_stage_checkpoints_apart(tmp_path):
     """Two local runs named alike (two output folders on one machine) never empty each other's staging."""
+    import os
+
     from workloads.fsdp_finetune.train import _checkpoint_staging, checkpoint_staging_dir
 
     run = f"same-name-{os.getpid()}"
