@@ -194,7 +194,8 @@ def test_imagined_gpu_node_of_the_default_file():
         "pods": "110", "cpu": "48", "memory": str(192 * 2**30), "nvidia.com/gpu": "4",
         "vpc.amazonaws.com/efa": "1", "hugepages-2Mi": str(5120 * 2**20), "ephemeral-storage": str(3760 * 2**30)}
     assert node.taints == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
-    assert {ROLE_LABEL: "gpu", WORKER_GROUP_LABEL: "gpu", EFA_PRESENT_LABEL: "true"}.items() <= node.labels.items()
+    assert {ROLE_LABEL: "gpu", WORKER_GROUP_LABEL: "gpu", EFA_PRESENT_LABEL: "true",
+            "k8s.amazonaws.com/accelerator": "nvidia-l4"}.items() <= node.labels.items()
 
 
 @pytest.mark.parametrize("variant", SHIPPED)
