@@ -4,20 +4,19 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from config import DEFAULT_FILE, ClusterConfig, load_config
+from stacks.context import CDK_JSON
 
 if TYPE_CHECKING:
     import aws_cdk as cdk
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "config" / "examples"
-CDK_JSON = REPO / "cdk.json"
 
 
 def merge(base: dict, overrides: dict) -> dict:
@@ -52,15 +51,10 @@ def load_variant(directory: Path, overrides: dict | None = None, **kwargs) -> Cl
     return load_config(write_variant(directory, overrides, **kwargs))
 
 
-def cdk_json_context(cdk_json: Path = CDK_JSON) -> dict[str, Any]:
-    """The `context` of a cdk.json: the feature flags (and anything else) `cdk synth` hands the app."""
-    return json.loads(Path(cdk_json).read_text()).get("context", {})
-
-
 def cdk_app(*, cdk_json: Path = CDK_JSON, context: dict[str, Any] | None = None, **kwargs) -> cdk.App:
     """A CDK `App` that sees what `cdk synth` would give `app.py`: cdk.json's context, then `context` on top (as
-    `-c key=value` overrides cdk.json). Every in-process synthesis in the tests goes through here, so a flag
-    changed in cdk.json changes what they test."""
-    import aws_cdk as cdk
+    `-c key=value` overrides cdk.json), through the project's own `stacks.context.new_app`. Every in-process
+    synthesis in the tests goes through here, so a flag changed in cdk.json changes what they test."""
+    from stacks.context import new_app
 
-    return cdk.App(context={**cdk_json_context(cdk_json), **(context or {})}, **kwargs)
+    return new_app(cdk_json=cdk_json, context=context, **kwargs)

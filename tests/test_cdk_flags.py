@@ -20,7 +20,8 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from tests.helpers import CDK_JSON, REPO, cdk_app, cdk_json_context
+from stacks.context import CDK_JSON, cdk_json_context
+from tests.helpers import REPO, cdk_app
 from tests.stack_synth import VARIANTS, synth
 
 # Flags whose recommended value cdk.json deliberately does not take: flag -> (our value, why).
@@ -116,20 +117,34 @@ def test_in_process_templates_equal_what_cdk_synth_writes(tmp_path):
             {k: v for k, v in json.loads(path.read_text()).items() if k not in ("Resources", "Metadata")}
 
 
+def test_stacks_check_synthesizes_with_cdk_json_too(tmp_path):
+    """`python -m stacks.check` compares against a cdk.out that `cdk synth` wrote: its own synthesis must carry the
+    same flags, or every flag's resources would show as deleted."""
+    from stacks.replacements import synthesize
+
+    result = synth("default")
+    mine = synthesize(result.config, tmp_path / "out")
+    for role, name in (("network", "ray-efa-network"), ("cluster", "ray-efa-cluster")):
+        assert _resources_without_cdk_metadata(mine[name]).keys() == \
+            _resources_without_cdk_metadata(result.templates[role]).keys()
+    assert any(r["Type"] == "Custom::VpcRestrictDefaultSG" for r in mine["ray-efa-network"]["Resources"].values())
+
+
 def test_context_given_to_the_helper_wins_over_cdk_json():
     """As `-c key=value` wins over cdk.json in `cdk synth`."""
     app = cdk_app(context={"@aws-cdk/core:enablePartitionLiterals": False})
     assert _partition_of_a_us_east_2_stack(app) == {"Ref": "AWS::Partition"}
 
 
-def test_no_test_builds_an_app_without_cdk_json():
-    """Every in-process `App` of the tests comes from tests/helpers.py's `cdk_app`."""
+def test_nothing_builds_an_app_without_cdk_json():
+    """Every in-process `App` (the tests', `python -m stacks.check`'s) comes from `stacks.context.new_app`, through
+    tests/helpers.py's `cdk_app` in the tests; only app.py, which the CLI runs with the context, builds its own."""
     offenders = []
-    for path in REPO.glob("tests/*.py"):
-        if path.name == "helpers.py":
+    for path in [*REPO.glob("tests/*.py"), *REPO.glob("stacks/*.py")]:
+        if path.relative_to(REPO).as_posix() == "stacks/context.py":
             continue
         offenders += [f"{path.relative_to(REPO)}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
-                      if re.search(r"\bApp\(", line) and "cdk_app(" not in line]
+                      if re.search(r"\bApp\(", line) and not re.search(r"\b(cdk|new)_app\(", line)]
     assert not offenders, offenders
 
 
