@@ -80,7 +80,7 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
         checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
         bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
     else:
-        bucket_arn = f"arn:<AWS::Partition>:s3:::{storage.bucket_name_for_findings}"
+        bucket_arn = f"arn:{_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
         acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
                     "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
                     "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
