@@ -40,7 +40,7 @@ def managed_policy(name: str) -> str:
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
 
 
-def _partition(stack: cdk.Stack) -> str:
+def finding_partition(stack: cdk.Stack) -> str:
     """The partition as cdk-nag writes it in a finding id: a literal (`aws`) where the stack's region is known, as
     `@aws-cdk/core:enablePartitionLiterals` (cdk.json) makes `Stack.partition` render it, else the pseudo parameter."""
     partition = stack.partition
@@ -80,7 +80,7 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
         checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
         bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
     else:
-        bucket_arn = f"arn:{_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
+        bucket_arn = f"arn:{finding_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
         acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
                     "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
                     "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
@@ -116,7 +116,7 @@ def _acknowledge_autoscaling(cluster_stack: ClusterStack) -> None:
     autoscaler = cluster_stack.autoscaler
     if autoscaler is None:
         return
-    partition = _partition(cluster_stack)
+    partition = finding_partition(cluster_stack)
     asg_arn = f"arn:{partition}:autoscaling:{cluster_stack.region}:<AWS::AccountId>:autoScalingGroup:*"
     acknowledge(autoscaler.role, "AwsSolutions-IAM5[Resource::*]",
                 "Describe/Get calls only (Auto Scaling groups, instances, tags, scaling activities; EC2 instance "

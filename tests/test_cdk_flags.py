@@ -24,6 +24,8 @@ from stacks.context import CDK_JSON, cdk_json_context
 from tests.helpers import REPO, cdk_app
 from tests.stack_synth import VARIANTS, synth
 
+pytestmark = pytest.mark.slow  # synthesizes and runs the pinned CLI; `make check` leaves it out
+
 # Flags whose recommended value cdk.json deliberately does not take: flag -> (our value, why).
 KEPT = {
     "@aws-cdk/core:defaultCrossStackReferences": (
