@@ -48,8 +48,10 @@ def main() -> None:
         minimal = Path(tmp) / "minimal"
         minimal.mkdir()
         (minimal / "app.py").write_text(MINIMAL_APP)
+        # The project's feature flags too, so both apps synthesize under the same context.
+        context = json.loads((REPO / "cdk.json").read_text()).get("context", {})
         (minimal / "cdk.json").write_text(json.dumps({"app": f"{REPO / '.venv' / 'bin' / 'python'} app.py",
-                                                      "notices": False, "cli-telemetry": False}))
+                                                      "notices": False, "cli-telemetry": False, "context": context}))
         project, floor = [], []
         for i in range(args.repeat):
             project.append(_synth_seconds(REPO, Path(tmp) / f"project-{i}", env))

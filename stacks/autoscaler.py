@@ -13,8 +13,8 @@ from constructs import Construct
 
 from config import ClusterConfig
 from config.k8s import system_node_labels
-from stacks.asg_tags import discovery_tags
 from stacks.helm_addons import pinned_chart
+from stacks.node_template import discovery_tags
 from stacks.pod_identity import pod_identity_principal
 from stacks.versions import CLUSTER_AUTOSCALER_SERVICE_ACCOUNT, cluster_autoscaler
 

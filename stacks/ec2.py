@@ -18,7 +18,7 @@ from constructs import Construct
 
 from config import ClusterConfig
 from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
-from stacks.nag import acknowledge, checkov_skip, managed_policy
+from stacks.nag import acknowledge, checkov_skip, finding_partition, managed_policy
 from stacks.storage import grant_job_access
 
 # Ray's default key pair name is `ray-autoscaler_<region>` (ray/autoscaler/_private/aws/config.py key_pair,
@@ -103,7 +103,7 @@ class Ec2ClusterStack(cdk.Stack):
         """An EC2 instance role with the job's S3 access (as the EKS Pod Identity role) and the Ray token."""
         role = iam.Role(self, id, assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"), description=description)
         grant_job_access(role, bucket=bucket, config=config)
-        prefix = f"arn:<AWS::Partition>:s3:::{config.bucket_name('<AWS::AccountId>')}"
+        prefix = f"arn:{finding_partition(self)}:s3:::{config.bucket_name('<AWS::AccountId>')}"
         acknowledge(role, f"AwsSolutions-IAM5[Resource::{prefix}/{config.storage.prefix}/*]",
                     "The wildcard is the object keys under the job's own prefix: Ray Train names its checkpoint "
                     "shards at run time, so this is the narrowest grant that lets it write them.")

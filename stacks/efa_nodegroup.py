@@ -10,8 +10,8 @@ from constructs import Construct
 from config import ClusterConfig, WorkerGroup
 from config.efa import efa_interface_layout
 from config.k8s import GPU_TAINT, WORKER_GROUP_LABEL, worker_node_labels
-from stacks.asg_tags import AsgTags, discovery_tags, node_template_tags
 from stacks.launch_template import metadata_options, name_tag, node_user_data, root_volume
+from stacks.node_template import node_template_tags
 
 LT = ec2.CfnLaunchTemplate
 
@@ -119,13 +119,12 @@ class EfaNodeGroup(Construct):
             labels={**worker_node_labels(config, group), ACCELERATOR_LABEL: accelerator_label(itype.gpu_model)},
             taints=[eks.TaintSpec(key=GPU_TAINT.key, value=GPU_TAINT.value,
                                   effect=eks.TaintEffect[GPU_TAINT.cfn_effect])],
-            tags={WORKER_GROUP_LABEL: group.name},
+            # The Cluster Autoscaler reads the labels, the taint and these tags through DescribeNodegroup to
+            # imagine a node of the group while it is empty (stacks/node_template.py).
+            tags={WORKER_GROUP_LABEL: group.name, **node_template_tags(config, group)},
         )
         # MINIMAL: a launch-template or AMI update terminates a node before launching its replacement,
         # so it never needs a spare GPU instance (a capacity block or a full placement group has none).
         # aws_eks_v2's Nodegroup has no property for the strategy, hence the override.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
-        self.asg_tags = (AsgTags(self, "AsgTags", cluster=cluster, nodegroup=self.nodegroup,
-                                 tags={**discovery_tags(config.cluster.name), **node_template_tags(config, group)})
-                         if config.autoscaling.enabled else None)

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from stacks.storage import StorageStack
 
 _PACK = "AwsSolutions"
-# The construct id CDK gives AwsCustomResource's singleton provider function in a stack.
-_AWS_CUSTOM_RESOURCE_PROVIDER = "AWS679f53fac002430cb0da5b7982bd2287"
 _NODE_POLICIES = ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly")
 
 
@@ -40,6 +38,13 @@ def checkov_skip(construct: IConstruct, check: str, reason: str) -> None:
 def managed_policy(name: str) -> str:
     """The finding id cdk-nag gives an AWS managed policy attached to a role."""
     return f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]"
+
+
+def finding_partition(stack: cdk.Stack) -> str:
+    """The partition as cdk-nag writes it in a finding id: a literal (`aws`) where the stack's region is known, as
+    `@aws-cdk/core:enablePartitionLiterals` (cdk.json) makes `Stack.partition` render it, else the pseudo parameter."""
+    partition = stack.partition
+    return "<AWS::Partition>" if cdk.Token.is_unresolved(partition) else partition
 
 
 def _logical_id(construct: IConstruct) -> str:
@@ -75,7 +80,7 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
         checkov_skip(storage.bucket, "CKV_AWS_18", access_logs)
         bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
     else:
-        bucket_arn = f"arn:<AWS::Partition>:s3:::{storage.bucket_name_for_findings}"
+        bucket_arn = f"arn:{finding_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
         acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
                     "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
                     "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
@@ -93,6 +98,7 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
                         f"{location.key}/*]",
                         f"Read-only (s3:GetObject) on the objects under job.{field}'s own s3:// prefix; the files "
                         "there are only known at run time.")
+    _acknowledge_restrict_default_security_group(network)
     auto_delete = storage.node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
     if auto_delete is not None:
         for check in ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117"):
@@ -106,11 +112,12 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
 
 
 def _acknowledge_autoscaling(cluster_stack: ClusterStack) -> None:
-    """The Cluster Autoscaler's role and the ASG-tagging custom resources (only with autoscaling on)."""
+    """The Cluster Autoscaler's role (only with autoscaling on)."""
     autoscaler = cluster_stack.autoscaler
     if autoscaler is None:
         return
-    asg_arn = f"arn:<AWS::Partition>:autoscaling:{cluster_stack.region}:<AWS::AccountId>:autoScalingGroup:*"
+    partition = finding_partition(cluster_stack)
+    asg_arn = f"arn:{partition}:autoscaling:{cluster_stack.region}:<AWS::AccountId>:autoScalingGroup:*"
     acknowledge(autoscaler.role, "AwsSolutions-IAM5[Resource::*]",
                 "Describe/Get calls only (Auto Scaling groups, instances, tags, scaling activities; EC2 instance "
                 "types, images, launch template versions): none supports resource-level permissions.")
@@ -118,30 +125,25 @@ def _acknowledge_autoscaling(cluster_stack: ClusterStack) -> None:
                 "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup on any ASG whose tag "
                 "k8s.io/cluster-autoscaler/<this cluster> is 'owned' (an aws:ResourceTag condition); EKS names the "
                 "node groups' ASGs at creation, so no name can be written here.")
-    acknowledge(autoscaler.role, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:eks:{cluster_stack.region}:"
+    acknowledge(autoscaler.role, f"AwsSolutions-IAM5[Resource::arn:{partition}:eks:{cluster_stack.region}:"
                 f"<AWS::AccountId>:nodegroup/{autoscaler.cluster_name}/*/*]",
                 "eks:DescribeNodegroup on this cluster's node groups only (the wildcards are node group name and "
-                "its generated id): the autoscaler reads a group's labels and taints when it has no node.")
-    cluster_id = _logical_id(cluster_stack.cluster)
-    for group in cluster_stack.gpu_nodegroups.values():
-        tags = group.asg_tags
-        nodegroup_id = _logical_id(group.nodegroup)
-        acknowledge(tags.lookup, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:eks:{cluster_stack.region}:"
-                    f"<AWS::AccountId>:nodegroup/<{cluster_id}>/<{nodegroup_id}>/*]",
-                    "eks:DescribeNodegroup on this one node group; the wildcard is the id EKS appends to its ARN.")
-        acknowledge(tags.tagger, f"AwsSolutions-IAM5[Resource::{asg_arn}]",
-                    "CreateOrUpdateTags only on the ASG tagged eks:nodegroup-name=<this node group> (an "
-                    "aws:ResourceTag condition); EKS names that ASG at creation.")
-    provider = cluster_stack.node.try_find_child(_AWS_CUSTOM_RESOURCE_PROVIDER)
-    if provider is not None:
-        acknowledge(provider, managed_policy("service-role/AWSLambdaBasicExecutionRole"),
-                    "CDK's AwsCustomResource provider (tags the node groups' ASGs) logs through the basic Lambda "
-                    "execution policy; its API permissions are the scoped statements above.")
-        for check in ("CKV_AWS_115", "CKV_AWS_116", "CKV_AWS_117"):
-            checkov_skip(provider, check,
-                         "CDK's AwsCustomResource provider Lambda (tags the node groups' ASGs); CDK defines it "
-                         "without reserved concurrency, dead-letter queue or VPC, and it runs only during "
-                         "deployments, where a failure fails the stack update.")
+                "its generated id): the autoscaler reads a group's labels, taints and node-template tags when it "
+                "has no node.")
+
+
+def _acknowledge_restrict_default_security_group(network: NetworkStack) -> None:
+    """@aws-cdk/aws-ec2:restrictDefaultSecurityGroup (cdk.json): CDK's custom resource that removes every rule from
+    the VPC's default security group (which nothing here uses), through a Lambda CDK defines."""
+    provider = network.node.try_find_child("Custom::VpcRestrictDefaultSGCustomResourceProvider")
+    if provider is None:
+        return
+    for check, what in (("CKV_AWS_115", "a reserved concurrency"), ("CKV_AWS_116", "a dead-letter queue"),
+                        ("CKV_AWS_117", "a VPC")):
+        checkov_skip(provider.node.find_child("Handler"), check,
+                     f"CDK's Lambda that empties the VPC's default security group (restrictDefaultSecurityGroup); "
+                     f"CDK defines it without {what}; it runs only during deployments, where a failure fails the "
+                     "stack update.")
 
 
 def _acknowledge_kubectl_provider(cluster_stack: ClusterStack) -> None:
@@ -166,6 +168,14 @@ def _acknowledge_kubectl_provider(cluster_stack: ClusterStack) -> None:
                             ("CKV_AWS_173", "a customer-managed key for its environment")):
             checkov_skip(function, check, f"CDK's kubectl provider Lambda (aws_eks_v2); CDK defines it without "
                          f"{what}; it runs only during deployments, where a failure fails the stack update.")
+        # With @aws-cdk/aws-lambda:useCdkManagedLogGroup (cdk.json) CDK creates each function's log group itself,
+        # with a retention, instead of Lambda creating one that never expires.
+        log_group = function.node.try_find_child("LogGroup")
+        if log_group is not None:
+            checkov_skip(log_group, "CKV_AWS_158",
+                         "Log group of CDK's kubectl provider Lambda (helm and kubectl output during deployments), "
+                         "encrypted at rest by CloudWatch Logs; CDK creates it without a KMS key, and a key here "
+                         "would need a key policy for the Logs service of this one group.")
     acknowledge(handler, "AwsSolutions-L1",
                 "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
                 "layer pins the tools; bumping aws-cdk-lib moves it forward.")

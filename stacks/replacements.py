@@ -164,11 +164,12 @@ def changes(old: Templates, new: Templates, *, region: str) -> list[Change]:
 def synthesize(config: ClusterConfig, outdir: Path) -> Templates:
     """Synthesize the project's stacks for `config` into `outdir` (no cdk-nag) and read the templates."""
     os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
-    import aws_cdk as cdk
 
     from stacks.assembly import build, stack_names
+    from stacks.context import new_app
 
-    app = cdk.App(outdir=str(outdir))
+    # cdk.json's context (the feature flags), so the templates match what `cdk synth` writes into cdk.out.
+    app = new_app(outdir=str(outdir))
     build(app, config)
     app.synth()
     return {name: json.loads((outdir / f"{name}.template.json").read_text())

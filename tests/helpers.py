@@ -1,14 +1,19 @@
-"""Shared test helpers: variable-file variants written to disk, so tests go through the real loader."""
+"""Shared test helpers: variable-file variants written to disk, so tests go through the real loader; the CDK
+`App` built in-process with the context `cdk synth` gives it."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from config import DEFAULT_FILE, ClusterConfig, load_config
+from stacks.context import CDK_JSON
+
+if TYPE_CHECKING:
+    import aws_cdk as cdk
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "config" / "examples"
@@ -44,3 +49,12 @@ def write_variant(directory: Path, overrides: dict | None = None, *, base: Path 
 def load_variant(directory: Path, overrides: dict | None = None, **kwargs) -> ClusterConfig:
     """`write_variant`, then load it through the real loader."""
     return load_config(write_variant(directory, overrides, **kwargs))
+
+
+def cdk_app(*, cdk_json: Path = CDK_JSON, context: dict[str, Any] | None = None, **kwargs) -> cdk.App:
+    """A CDK `App` that sees what `cdk synth` would give `app.py`: cdk.json's context, then `context` on top (as
+    `-c key=value` overrides cdk.json), through the project's own `stacks.context.new_app`. Every in-process
+    synthesis in the tests goes through here, so a flag changed in cdk.json changes what they test."""
+    from stacks.context import new_app
+
+    return new_app(cdk_json=cdk_json, context=context, **kwargs)

@@ -1,8 +1,8 @@
 """In-process synthesis of the CDK app for the stack tests, once per variable-file variant per session.
 
-Each variant is synthesized with cdk-nag's AwsSolutions plugin on, exactly as `cdk synth -c nag=true`
-would; templates are read from the output directory, so a nag violation (which aborts synthesis after
-the templates are written) does not hide them from the other tests.
+Each variant is synthesized with cdk.json's context (its feature flags) and cdk-nag's AwsSolutions plugin
+on, exactly as `cdk synth -c nag=true` would; templates are read from the output directory, so a nag
+violation (which aborts synthesis after the templates are written) does not hide them from the other tests.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config import ClusterConfig, load_config
-from tests.helpers import EXAMPLES, write_variant
+from tests.helpers import EXAMPLES, cdk_app, write_variant
 
 if TYPE_CHECKING:
     from stacks import ProjectStacks
@@ -78,6 +78,9 @@ def variant_file(name: str) -> Path:
         return write_variant(_ROOT, name="default.yaml")
     if name == "alt":
         return write_variant(_ROOT, ALT, name="alt.yaml")
+    if name == "default-socket":
+        # The default file with socket transport: its worker nodes lose the EFA label, EFA devices and huge pages.
+        return write_variant(_ROOT, {"nccl": {"transport": "socket"}}, name="default-socket.yaml")
     if name == "socket":
         # The socket example with a private-only API endpoint, redeployed over a bucket an earlier teardown kept.
         return write_variant(_ROOT, {"cluster": {"endpoint_access": "private"}, "storage": {"existing_bucket": True}},
@@ -88,13 +91,11 @@ def variant_file(name: str) -> Path:
 @cache
 def synth(name: str) -> Synth:
     """Synthesize variant `name` (cached for the session)."""
-    import aws_cdk as cdk
-
     from stacks import build, stack_names
 
     config = load_config(variant_file(name))
     outdir = _ROOT / name
-    app = cdk.App(outdir=str(outdir), context={"@aws-cdk/core:validationReportJson": True})
+    app = cdk_app(outdir=str(outdir), context={"@aws-cdk/core:validationReportJson": True})
     stacks = build(app, config, nag=True)
     nag_error = None
     try:

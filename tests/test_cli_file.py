@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, write_variant
+from tests.helpers import REPO, cdk_app, write_variant
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
@@ -113,7 +113,7 @@ def test_templates_record_the_file_and_its_digest(tmp_path, monkeypatch):
 
     path = write_variant(tmp_path, name="mine.yaml")
     monkeypatch.chdir(tmp_path)
-    stack_app = cdk.App(outdir=str(tmp_path / "cdk.out"))
+    stack_app = cdk_app(outdir=str(tmp_path / "cdk.out"))
     stack = cdk.Stack(stack_app, "S")
     cdk.CfnWaitConditionHandle(stack, "H")
     app.record_source(stack_app, str(path))

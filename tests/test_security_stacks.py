@@ -184,10 +184,10 @@ def test_checkov_acknowledgments_are_scoped_and_explained(variant):
         by_type.setdefault(kind, set()).update(checks)
     assert by_type["AWS::S3::Bucket"] == {"CKV_AWS_18"}
     assert by_type["AWS::Logs::LogGroup"] == {"CKV_AWS_158"}
-    # Only CDK's own Lambdas (the kubectl provider; the AwsCustomResource provider that tags the ASGs, with
-    # the Cluster Autoscaler on; with removal_policy: destroy the auto-delete provider).
+    # Only CDK's own Lambdas (the kubectl provider; the one that empties the VPC's default security group, from
+    # @aws-cdk/aws-ec2:restrictDefaultSecurityGroup; with removal_policy: destroy the auto-delete provider).
     lambdas = [logical for kind, logical in skips if kind == "AWS::Lambda::Function"]
-    cdk_own = ("KubectlProvider", "AutoDelete", "AWS679f53fac002430cb0da5b7982bd2287")
+    cdk_own = ("KubectlProvider", "AutoDelete", "VpcRestrictDefaultSG")
     assert lambdas and all(any(part in name for part in cdk_own) for name in lambdas)
     # Every Lambda in the templates is CDK's and carries its acknowledgments (none is left to fail checkov).
     functions = {logical for t in synth(variant).templates.values() for logical, res in t["Resources"].items()

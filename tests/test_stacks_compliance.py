@@ -13,9 +13,10 @@ pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.
 
 # Warnings accepted, each for a reason; anything else (and any error) fails.
 ACCEPTED_WARNINGS = {
-    # CDK's kubectl-provider constructs add a DependsOn on a role they also GetAtt; harmless
+    # CDK's kubectl-provider constructs, and the provider of the VPC default-security-group restriction
+    # (@aws-cdk/aws-ec2:restrictDefaultSecurityGroup), add a DependsOn on a role they also GetAtt; harmless
     # redundancy in code this project does not own.
-    "W3005": "redundant DependsOn emitted by aws_eks_v2's kubectl provider",
+    "W3005": "redundant DependsOn emitted by CDK's kubectl provider and default-security-group provider",
     # The AZs are named on purpose: the GPU nodes' placement group needs the one AZ the file names.
     "W3010": "availability zones come from the variable file by design",
 }
