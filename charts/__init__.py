@@ -11,7 +11,7 @@ import importlib
 
 from charts.errors import ChartError
 
-_FROM_CHARTS = ("BASE_CHART", "CLUSTER_CHART", "JOB_CHART", "Inputs", "RayBaseChart", "RayClusterChart",
+_FROM_CHARTS = ("BASE_CHART", "CLUSTER_CHART", "DASHBOARDS_CHART", "JOB_CHART", "Inputs", "RayBaseChart", "RayClusterChart",
                 "RayJobChart", "build_app", "inputs", "manifests")
 
 __all__ = ["ChartError", *_FROM_CHARTS]
