@@ -12,6 +12,7 @@ is the dashboard's run selector; `$__rate_interval` is Grafana's rate window.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,43 @@ def dashboards() -> dict[str, dict]:
 
 def render(dashboard: dict) -> str:
     return json.dumps(dashboard, indent=1, sort_keys=True) + "\n"
+
+
+def plot_overview(query_range, *, run_name: str, start: float, end: float, path: Path) -> Path:
+    """The overview's panels drawn with matplotlib from Prometheus data (no Grafana offline): `query_range(expr,
+    start=, end=)` returns Prometheus' range-query result; panels with no data say which metric they need."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = (len(OVERVIEW_PANELS) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 3.2 * rows), dpi=90)
+    for ax, panel in zip(axes.flat, OVERVIEW_PANELS, strict=False):
+        drawn = False
+        for target in panel.targets:
+            expr = target.expr.replace("$run_name", run_name).replace("$__rate_interval", "1m")
+            for series in query_range(expr, start=start, end=end):
+                times = [float(t) - start for t, _ in series["values"]]
+                labels = series["metric"]
+                legend = re.sub(r"\{\{(\w+)\}\}", lambda m, labels=labels: labels.get(m.group(1), ""), target.legend)
+                ax.step(times, [float(v) for _, v in series["values"]], where="post", label=legend)
+                drawn = True
+        if not drawn:
+            missing = ", ".join(sorted({t.needs for t in panel.targets}))
+            ax.text(0.5, 0.5, f"no data locally (needs {missing})", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=8, color="gray")
+        else:
+            ax.legend(fontsize=7, loc="best")
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_xlabel("seconds since the run started", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Fine-tuning run overview: {run_name} (local run, Prometheus 2.42 range queries)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
 
 
 def main() -> int:

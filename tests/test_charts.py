@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from charts import ChartError, build_app, bundle, inputs, manifests, ray, validation
+from charts import DASHBOARDS_CHART, ChartError, build_app, bundle, inputs, manifests, ray, validation
 from charts.__main__ import synthesize
 from config import ClusterConfig, load_config
 from config.k8s import GPU_TAINT, system_node_labels
@@ -58,7 +58,9 @@ class Synth:
 
 def _synth(file: Path) -> Synth:
     config = load_config(file)
-    return Synth(config=config, file=file, charts=manifests(build_app(inputs(config, file))))
+    charts = manifests(build_app(inputs(config, file)))
+    # The Grafana dashboards (namespace monitoring) are tests/test_observability.py's.
+    return Synth(config=config, file=file, charts={k: v for k, v in charts.items() if k != DASHBOARDS_CHART})
 
 
 def _container(pod_template: dict) -> dict:

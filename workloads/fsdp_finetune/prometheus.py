@@ -47,16 +47,18 @@ class TrainingGauges:
         self.step_time = Gauge(STEP_TIME_BY_RANK[0], description=STEP_TIME_BY_RANK[1],
                                tag_keys=(RUN_NAME_LABEL, RANK_LABEL))
         self.run: dict = {}
+        # Held for the whole run: Ray stops exporting a metric once its Gauge object is garbage-collected.
+        self.plan = None
         if rank != 0:
             return
         self.run = {key: Gauge(name, description=text, tag_keys=(RUN_NAME_LABEL,))
                     for key, (name, text) in RUN_GAUGES.items()}
         if plan_prediction:
-            plan = Gauge(PLAN_METRIC, description="The plan's prediction (python -m workloads.plan), by quantity.",
-                         tag_keys=(RUN_NAME_LABEL, "quantity"))
+            self.plan = Gauge(PLAN_METRIC, description="The plan's prediction (python -m workloads.plan), by "
+                              "quantity.", tag_keys=(RUN_NAME_LABEL, "quantity"))
             for quantity in PLAN_QUANTITIES:
                 if plan_prediction.get(quantity) is not None:
-                    plan.set(float(plan_prediction[quantity]), tags={**self.tags, "quantity": quantity})
+                    self.plan.set(float(plan_prediction[quantity]), tags={**self.tags, "quantity": quantity})
 
     def report(self, metrics: dict) -> None:
         """Set every gauge the report has a number for (MFU is None on CPU: left unset)."""
