@@ -319,7 +319,7 @@ def test_object_store_and_head_shm_for_the_default_file(default):
     # g6.12xlarge worker: /dev/shm 43 GiB; object store 0.75 x 43 GiB = 33024 MiB.
     worker = default.worker("gpu")
     assert _shm_bytes(worker["template"]) == 43 * 1024**3
-    assert worker["rayStartParams"] == {"object-store-memory": str(33024 * 1024**2)}
+    assert worker["rayStartParams"] == {"object-store-memory": str(33024 * 1024**2), "metrics-export-port": "8080"}
 
 
 def test_ray_train_polls_workers_every_second(default, two_groups):
