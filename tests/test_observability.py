@@ -441,7 +441,7 @@ def test_prometheus_has_the_values_of_metrics_jsonl(scraped_run):
                                       start=start, end=end)
     assert float(predicted["values"][-1][1]) == PREDICTION["tokens_per_s"]
     # Drawn beside the measured figure for the whole run, not only when it was set at the start.
-    assert float(predicted["values"][-1][0]) >= float(loss["values"][-1][0])
+    assert float(predicted["values"][-1][0]) >= float(loss["values"][-1][0]) - 1.0  # within a scrape
 
 
 def test_the_local_target_is_scraped_with_the_podmonitors_job_path_and_interval(scraped_run):

@@ -8,12 +8,17 @@ stragglers. Rank 0 records the run's figures (the same values that go to metrics
 and MLflow); every rank records its own step time.
 
 Gauges, not counters: a report is a window average, and a gauge holds the last one until the next.
-The series lives as long as the worker process: Ray's agent stops serving it when the process exits.
+Ray 2.58 forgets a gauge value that is not set again within two export intervals (its metrics agent
+evicts it: ray/_private/telemetry/open_telemetry_metric_recorder.py, `_resolve_gauge_ttl_seconds`;
+measured: a value set once is gone after about 2 s at a 1 s interval), and reports come a minute apart
+on the cluster; so a background thread sets every last value again each `REFRESH_S` until `close()`.
+The series ends with the run (or the worker process).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from config.observability import METRIC_PREFIX, PLAN_METRIC, RANK_LABEL, RUN_NAME_LABEL
 
@@ -34,6 +39,9 @@ STEP_TIME_BY_RANK = (f"{METRIC_PREFIX}rank_step_time_seconds",
                      "Mean optimizer step time of this rank over the window, seconds (stragglers).")
 PLAN_QUANTITIES = ("tokens_per_s", "mfu")
 """Keys of the plan's prediction exported as `PLAN_METRIC{quantity=...}`."""
+REFRESH_S = 1.0
+"""Seconds between re-settings of the last values: under Ray's shortest export interval (1 s, so under the 2 s a
+value survives unrefreshed)."""
 
 
 class TrainingGauges:
@@ -42,6 +50,9 @@ class TrainingGauges:
     def __init__(self, run_name: str, *, rank: int, plan_prediction: dict | None = None):
         from ray.util.metrics import Gauge
 
+        self._values: dict[tuple[str, tuple], tuple] = {}  # (metric, tags) -> (gauge, value, tags dict)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
         self.tags = {RUN_NAME_LABEL: run_name}
         self.rank_tags = {**self.tags, RANK_LABEL: str(rank)}
         self.step_time = Gauge(STEP_TIME_BY_RANK[0], description=STEP_TIME_BY_RANK[1],
@@ -58,15 +69,34 @@ class TrainingGauges:
                               "quantity.", tag_keys=(RUN_NAME_LABEL, "quantity"))
             for quantity in PLAN_QUANTITIES:
                 if plan_prediction.get(quantity) is not None:
-                    self.plan.set(float(plan_prediction[quantity]), tags={**self.tags, "quantity": quantity})
+                    self._set(self.plan, float(plan_prediction[quantity]), {**self.tags, "quantity": quantity})
+        self._thread = threading.Thread(target=self._refresh, name="prometheus-gauges", daemon=True)
+        self._thread.start()
+
+    def _set(self, gauge, value: float, tags: dict) -> None:
+        with self._lock:
+            self._values[(gauge.info["name"], tuple(sorted(tags.items())))] = (gauge, value, tags)
+        gauge.set(value, tags=tags)
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            with self._lock:
+                values = list(self._values.values())
+            for gauge, value, tags in values:
+                gauge.set(value, tags=tags)
 
     def report(self, metrics: dict) -> None:
         """Set every gauge the report has a number for (MFU is None on CPU: left unset)."""
         if metrics.get("step_time_s") is not None:
-            self.step_time.set(float(metrics["step_time_s"]), tags=self.rank_tags)
+            self._set(self.step_time, float(metrics["step_time_s"]), self.rank_tags)
         for key, gauge in self.run.items():
             if isinstance(metrics.get(key), int | float):
-                gauge.set(float(metrics[key]), tags=self.tags)
+                self._set(gauge, float(metrics[key]), self.tags)
+
+    def close(self) -> None:
+        """Stop re-setting the values: the series end (within Ray's two export intervals)."""
+        self._stop.set()
+        self._thread.join(timeout=5 * REFRESH_S)
 
 
 def training_gauges(run_name: str, *, rank: int, plan_prediction: dict | None = None) -> TrainingGauges | None:
