@@ -428,3 +428,15 @@ def test_the_local_target_is_scraped_with_the_podmonitors_job_path_and_interval(
     (target,) = server.active_targets()
     assert target["labels"]["job"] == RAY_METRICS_JOB and target["labels"]["node"] == "local"
     assert target["scrapeUrl"].endswith(monitoring.METRICS_PATH) and target["scrapeInterval"] == "1s"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_gauges_stop_refreshing_on_close_on_every_rank(rank):
+    pytest.importorskip("ray")
+    from workloads.fsdp_finetune.prometheus import TrainingGauges
+
+    gauges = TrainingGauges("close-test", rank=rank, plan_prediction=PREDICTION)
+    assert gauges._thread.is_alive()
+    gauges.close()
+    assert not gauges._thread.is_alive()
+    assert bool(gauges.run) == (rank == 0)

@@ -58,10 +58,16 @@ class TrainingGauges:
         self.step_time = Gauge(STEP_TIME_BY_RANK[0], description=STEP_TIME_BY_RANK[1],
                                tag_keys=(RUN_NAME_LABEL, RANK_LABEL))
         self.run: dict = {}
-        # Held for the whole run: Ray stops exporting a metric once its Gauge object is garbage-collected.
+        # The plan's prediction, set once; the refresher keeps it alive for the whole run.
         self.plan = None
-        if rank != 0:
-            return
+        self._thread = threading.Thread(target=self._refresh, name="prometheus-gauges", daemon=True)
+        if rank == 0:
+            self._rank0_gauges(plan_prediction)
+        self._thread.start()
+
+    def _rank0_gauges(self, plan_prediction: dict | None) -> None:
+        from ray.util.metrics import Gauge
+
         self.run = {key: Gauge(name, description=text, tag_keys=(RUN_NAME_LABEL,))
                     for key, (name, text) in RUN_GAUGES.items()}
         if plan_prediction:
@@ -70,8 +76,6 @@ class TrainingGauges:
             for quantity in PLAN_QUANTITIES:
                 if plan_prediction.get(quantity) is not None:
                     self._set(self.plan, float(plan_prediction[quantity]), {**self.tags, "quantity": quantity})
-        self._thread = threading.Thread(target=self._refresh, name="prometheus-gauges", daemon=True)
-        self._thread.start()
 
     def _set(self, gauge, value: float, tags: dict) -> None:
         with self._lock:

@@ -275,6 +275,8 @@ def train_func(config: dict) -> None:
         baseline = {"step": 0, **held_out(model, device)}
         if tracker is not None:
             tracker.log(baseline)
+        if gauges is not None:
+            gauges.report(baseline)
         window_start = time.perf_counter()
 
     while step < job["max_steps"]:
