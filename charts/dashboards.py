@@ -194,7 +194,14 @@ def plot_overview(query_range, *, run_name: str, start: float, end: float, path:
     return Path(path)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite every dashboard file under charts/dashboards/."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m charts.dashboards",
+                                     description="Rewrite the Grafana dashboards under charts/dashboards/ (the run "
+                                                 "overview, and Ray's own for the installed Ray version).")
+    parser.parse_args(argv)
     DASHBOARD_DIR.mkdir(exist_ok=True)
     for name, dashboard in dashboards().items():
         (DASHBOARD_DIR / name).write_text(render(dashboard))
