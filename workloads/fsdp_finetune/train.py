@@ -350,12 +350,13 @@ def train_func(config: dict) -> None:
         window_steps, window_tokens, window_data_wait = 0, 0, 0.0
         window_loss, window_label_tokens = [], []
 
-    if gauges is not None:
-        gauges.close()
     export_hf_model(model, tokenizer, config["export_uri"], dtype=export_dtype)
     log.info("exported the model to %s", config["export_uri"])
     if tracker is not None:
         tracker.close()
+    if gauges is not None:
+        # Last: the final report's values stay up through the export, so a scrape surely sees them.
+        gauges.close()
 
 
 def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world: int) -> HeldOutLoss | None:
