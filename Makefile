@@ -29,14 +29,25 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
-setup: tools
+setup: tools prometheus
 	@$(PY) -m charts.crds
 
 # What the local fine-tune needs: no CRDs.
 tools: node-check $(VENV)/.installed node_modules/.installed
+
+# Debian's Prometheus server and promtool (2.42) for the local scrape test (tests/test_observability.py,
+# docs/observability.md): installed only when missing, and only where apt-get can run (root, or sudo
+# without a password); otherwise one line says so and that test skips with the same advice.
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else \
+	  echo "note: prometheus not installed and apt-get needs root; run: sudo apt-get install prometheus"; exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then echo "note: no apt-get; install Prometheus 2.x with promtool"; exit 0; fi; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends prometheus >/dev/null || echo "note: apt-get install prometheus failed; its test skips"
 
 node-check:
 	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (docs/setup.md: Node.js)" >&2; exit 1; }; \

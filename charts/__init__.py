@@ -11,8 +11,8 @@ import importlib
 
 from charts.errors import ChartError
 
-_FROM_CHARTS = ("BASE_CHART", "CLUSTER_CHART", "JOB_CHART", "Inputs", "RayBaseChart", "RayClusterChart",
-                "RayJobChart", "build_app", "inputs", "manifests")
+_FROM_CHARTS = ("BASE_CHART", "CLUSTER_CHART", "DASHBOARDS_CHART", "JOB_CHART", "Inputs", "RayBaseChart",
+                "RayClusterChart", "RayJobChart", "build_app", "inputs", "manifests")
 
 __all__ = ["ChartError", *_FROM_CHARTS]
 

@@ -17,6 +17,7 @@ from charts.errors import ChartError
 from charts.models import ConfigMapVolumeSource, KeyToPath
 from config.loader import REPO_ROOT
 from config.model import ClusterConfig
+from config.observability import PLAN_PREDICTION_FILE
 
 MOUNT_PATH = "/app"
 """Where the bundle is mounted in head and worker pods (also their PYTHONPATH and working dir)."""
@@ -68,7 +69,9 @@ def plan_args() -> list[str]:
     """The memory plan as run in the pods before training (`workloads.plan`, CPU only, no weights)."""
     # --skip-unknown: a model the plan cannot see without the network (a private S3 model, say)
     # trains unplanned rather than not at all.
-    return ["python", "-m", "workloads.plan", CONFIG_IN_POD, "--skip-unknown"]
+    # --prediction-out: the driver, started next on the same head pod, exports the prediction to Prometheus.
+    return ["python", "-m", "workloads.plan", CONFIG_IN_POD, "--skip-unknown", "--prediction-out",
+            PLAN_PREDICTION_FILE]
 
 
 def job_script(config: ClusterConfig) -> str:

@@ -5,6 +5,8 @@
 - `ray-cluster`: a standalone RayCluster to submit jobs to, and its NetworkPolicy.
 - `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down,
   and the NetworkPolicy of that cluster.
+- `dashboards` (with `observability.enabled`): the Grafana dashboards as ConfigMaps; the cluster
+  and job charts then also carry their Ray pods' PodMonitor (`charts.monitoring`).
 
 Apply `ray-base` first, then either `ray-cluster` or `ray-job`.
 """
@@ -18,7 +20,7 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from constructs import Construct
 
-from charts import bundle, policy, ray
+from charts import bundle, monitoring, policy, ray
 from charts.checkov import checkov_skips
 from charts.models import RayCluster, RayJob
 from config.cli import provenance
@@ -31,6 +33,7 @@ CONFIG_SHA256_ANNOTATION = "ray-efa.io/config-sha256"
 BASE_CHART = "ray-base"
 CLUSTER_CHART = "ray-cluster"
 JOB_CHART = "ray-job"
+DASHBOARDS_CHART = "dashboards"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +159,8 @@ class RayNetworkPolicy(Construct):
         super().__init__(scope, id)
         self.policy = cdk8s.ApiObject(self, "NetworkPolicy", api_version=policy.API_VERSION, kind="NetworkPolicy",
                                       metadata=_metadata(config, policy.policy_name(owner)))
-        self.policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.network_policy_spec(owner, rayjob=rayjob)))
+        self.policy.add_json_patch(cdk8s.JsonPatch.add("/spec", policy.network_policy_spec(
+            owner, rayjob=rayjob, scraper=config.observability.enabled)))
 
 
 class RayClusterChart(cdk8s.Chart):
@@ -169,6 +173,8 @@ class RayClusterChart(cdk8s.Chart):
         self.ray_cluster = RayCluster(self, "RayCluster", metadata=_metadata(config, name),
                                       spec=ray.ray_cluster_spec(config, inputs.code, owner=name))
         self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name)
+        self.pod_monitor = (monitoring.RayPodMonitor(self, "Metrics", config=config, owner=name)
+                            if config.observability.enabled else None)
 
 
 class RayJobChart(cdk8s.Chart):
@@ -184,6 +190,8 @@ class RayJobChart(cdk8s.Chart):
         self.ray_job = RayJob(self, "RayJob", metadata=_metadata(config, name),
                               spec=ray.ray_job_spec(config, inputs.code))
         self.network_policy = RayNetworkPolicy(self, "Policy", config=config, owner=name, rayjob=name)
+        self.pod_monitor = (monitoring.RayPodMonitor(self, "Metrics", config=config, owner=name)
+                            if config.observability.enabled else None)
 
 
 def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
@@ -192,6 +200,8 @@ def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
     RayBaseChart(app, BASE_CHART, inputs=inputs)
     RayClusterChart(app, CLUSTER_CHART, inputs=inputs)
     RayJobChart(app, JOB_CHART, inputs=inputs)
+    if inputs.config.observability.enabled:
+        monitoring.DashboardsChart(app, DASHBOARDS_CHART, config=inputs.config)
     # Which variable file (and which bytes of it) made these objects; on the objects themselves, not their
     # pod templates, so `kubectl get -o yaml` shows it and an edit of the file restarts no pod.
     source = provenance(inputs.config_file)

@@ -5,7 +5,8 @@ A Ray cluster's pods accept connections only from
   and socket transport, the dashboard agent): they carry the pod-template label `ray.OWNER_LABEL`;
 - the KubeRay operator, on the dashboard port (it reads job status and submits through the Jobs API);
 - for a RayJob, its K8sJobMode submitter pod, on the dashboard port (KubeRay labels it with the
-  RayJob's name). In SidecarMode the submitter is a container of the head pod and needs no rule.
+  RayJob's name). In SidecarMode the submitter is a container of the head pod and needs no rule;
+- with `observability.enabled`, the metrics stack's Prometheus pods, on the Ray metrics port only.
 Egress is not restricted: the pods pull from S3, the Hugging Face Hub and PyPI.
 
 `kubectl exec` and `kubectl port-forward` reach a container through the kubelet, not over the pod
@@ -23,6 +24,11 @@ from config.k8s import (
     RAY_NODE_TYPE_LABEL,
     RAY_ORIGINATED_FROM_CRD_LABEL,
     RAY_ORIGINATED_FROM_NAME_LABEL,
+)
+from config.observability import (
+    MONITORING_NAMESPACE,
+    PROMETHEUS_POD_LABELS,
+    RAY_METRICS_PORT,
 )
 
 API_VERSION = "networking.k8s.io/v1"
@@ -43,8 +49,15 @@ def _dashboard() -> list[dict]:
     return [{"protocol": "TCP", "port": DASHBOARD_PORT}]
 
 
-def network_policy_spec(owner: str, *, rayjob: str | None = None) -> dict:
-    """`NetworkPolicy.spec` for the Ray cluster of `owner`; `rayjob` also admits that RayJob's submitter."""
+def scraper_peer() -> dict:
+    """The NetworkPolicy peer of the metrics stack's Prometheus: its pods, in its namespace."""
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: MONITORING_NAMESPACE}},
+            "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}
+
+
+def network_policy_spec(owner: str, *, rayjob: str | None = None, scraper: bool = False) -> dict:
+    """`NetworkPolicy.spec` for the Ray cluster of `owner`; `rayjob` also admits that RayJob's submitter,
+    `scraper` the metrics stack's Prometheus on the metrics port."""
     ingress = [
         {"from": [{"podSelector": {"matchLabels": {OWNER_LABEL: owner}}}]},
         {"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: KUBERAY_NAMESPACE}},
@@ -55,6 +68,8 @@ def network_policy_spec(owner: str, *, rayjob: str | None = None) -> dict:
         ingress.append({"from": [{"podSelector": {"matchLabels": {RAY_ORIGINATED_FROM_NAME_LABEL: rayjob,
                                                                   RAY_ORIGINATED_FROM_CRD_LABEL: "RayJob"}}}],
                         "ports": _dashboard()})
+    if scraper:
+        ingress.append({"from": [scraper_peer()], "ports": [{"protocol": "TCP", "port": RAY_METRICS_PORT}]})
     # Only Ingress in policyTypes: egress stays open.
     return {"podSelector": ray_pods(owner), "policyTypes": ["Ingress"], "ingress": ingress}
 

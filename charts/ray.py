@@ -57,6 +57,7 @@ from config.k8s import (
 )
 from config.loader import REPO_ROOT
 from config.model import ClusterConfig, PodResources, WorkerGroup, requirement_name
+from config.observability import RAY_METRICS_PORT, RAY_METRICS_PORT_NAME
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 OWNER_LABEL = "ray-efa.io/ray-owner"
@@ -197,6 +198,17 @@ def _ray_start_params(resources: PodResources, **params: str) -> dict[str, str]:
     return {**params, "object-store-memory": str(resources.object_store_bytes)}
 
 
+def _metrics_start_param() -> dict[str, str]:
+    # KubeRay passes --metrics-export-port=8080 by default too; named here so the PodMonitor and the
+    # NetworkPolicy (charts.monitoring, charts.policy) and the pods agree by construction.
+    return {"metrics-export-port": str(RAY_METRICS_PORT)}
+
+
+def _metrics_port() -> ContainerPort:
+    """The Ray node's metrics agent: what Prometheus scrapes (`config.observability`)."""
+    return ContainerPort(name=RAY_METRICS_PORT_NAME, container_port=RAY_METRICS_PORT)
+
+
 def _shm_volume(resources: PodResources) -> Volume:
     # Docker's 64 MiB default /dev/shm breaks NCCL's intra-node transport and the data loader, and
     # makes Ray put its object store in /tmp on the root disk.
@@ -237,6 +249,7 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
             ContainerPort(name="gcs-server", container_port=6379),
             ContainerPort(name="dashboard", container_port=DASHBOARD_PORT),
             ContainerPort(name="client", container_port=10001),
+            _metrics_port(),
         ],
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
@@ -251,7 +264,8 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
         volumes=[_code_volume(config, code), _shm_volume(head)],
     )
     return HeadGroupSpec(
-        ray_start_params=_ray_start_params(head, **{"num-gpus": "0", "dashboard-host": "0.0.0.0"}),
+        ray_start_params=_ray_start_params(head, **{"num-gpus": "0", "dashboard-host": "0.0.0.0",
+                                                    **_metrics_start_param()}),
         service_type="ClusterIP",
         template=PodTemplateSpec(metadata=TemplateMetadata(labels=labels(config)), spec=spec),
     )
@@ -272,6 +286,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         image_pull_policy="IfNotPresent",
         working_dir=bundle.MOUNT_PATH,
         env=_env({**_code_env(config), **transport_env(config, group), **GPU_ALLOCATOR_ENV}),
+        ports=[_metrics_port()],
         resources=ResourceRequirements(requests=amount, limits=dict(amount)),
         volume_mounts=[_code_mount(), _shm_mount()],
         security_context=container_security_context(add=EFA_CAPABILITIES),
@@ -290,7 +305,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     pods = config.pods(group)
     return WorkerGroupSpec(
         group_name=group.name,
-        ray_start_params=_ray_start_params(res),
+        ray_start_params=_ray_start_params(res, **_metrics_start_param()),
         replicas=pods,
         min_replicas=pods,
         max_replicas=pods,

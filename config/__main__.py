@@ -48,7 +48,24 @@ def plan(config: ClusterConfig) -> str:
     lines.append(f"  on-demand cost: idle ${config.idle_cost_per_hour:.2f}/hour (control plane, NAT, system nodes"
                  f"{', GPU minimum' if any(config.group_min(g) for g in config.cluster.worker_groups) else ''}), "
                  f"while a job runs ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
+    lines.append(f"  {observability_line(config)}")
     return "\n".join(lines)
+
+
+def observability_line(config: ClusterConfig) -> str:
+    """What the metrics stack runs and what it costs (`observability`)."""
+    section = config.observability
+    if not section.enabled:
+        return "metrics stack off (observability.enabled: false): no Prometheus, Grafana or DCGM exporter"
+    cpu_m, mem_mib = section.requests
+    system = config.system_instance
+    share = section.usd_per_hour(system_usd_per_hour=system.usd_per_hour, system_vcpus=system.vcpus,
+                                 system_memory_gib=system.memory_gib)
+    gpu = "dcgm-exporter on each GPU node, " if section.dcgm_exporter else ""
+    return (f"metrics stack: kube-prometheus-stack on the system nodes ({cpu_m / 1000:g} CPU, {_gib(mem_mib)} GiB "
+            f"requested, ${share:.2f}/hour of their price, inside the idle cost; no other AWS charge), node exporter "
+            f"on every node, {gpu}Prometheus keeps {section.retention_hours} h in {section.storage_gib} GiB, "
+            f"scrapes every {section.scrape_interval_s} s")
 
 
 def _gib(mib: int) -> str:

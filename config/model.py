@@ -24,6 +24,7 @@ from config.cluster_fields import (
 )
 from config.ec2 import Ec2Config, Target
 from config.job_fields import JobConfig
+from config.observability import ObservabilityConfig
 from config.prices import EKS_CONTROL_PLANE_USD_PER_HOUR, NAT_GATEWAY_USD_PER_HOUR, CostsMixin
 from config.ray_fields import HeadConfig, RayConfig, StorageConfig
 from config.resources import EFA_HUGEPAGES_MIB_PER_POD, PodResources, ResourcesMixin
@@ -81,3 +82,5 @@ class ClusterConfig(RulesMixin, TopologyMixin, ResourcesMixin, StorageMixin, Cos
     target: Target = Field(default="eks", description="Where Ray runs: eks (KubeRay on the EKS cluster) or ec2 "
                            "(Ray's cluster launcher on plain EC2, no Kubernetes; docs/ec2.md).")
     ec2: Ec2Config = Field(default_factory=Ec2Config, description="The EC2 target's head, access and idle timeout.")
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig,
+                                               description="Metrics stack: Prometheus, Grafana, DCGM, dashboards.")

@@ -70,6 +70,8 @@ class RulesMixin:
                     f"({region_azs}); set network.max_azs to at most {len(region_azs)}")
 
         problems.extend(self._kubectl_layer_problems())
+        problems.extend(Problem(path=f"observability.{field}", message=message) for field, message in
+                        self.observability.problems(system_disk_gib=self.cluster.system_nodes.disk_gib))
         problems.extend(self._autoscaler_problems())
 
         if self.storage.bucket_name is None:

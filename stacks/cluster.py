@@ -15,6 +15,7 @@ from stacks.autoscaler import ClusterAutoscaler
 from stacks.efa_nodegroup import EfaNodeGroup
 from stacks.helm_addons import EfaDevicePlugin, KubeRayOperator, NvidiaDevicePlugin
 from stacks.launch_template import system_launch_template
+from stacks.observability import MetricsStack
 from stacks.pod_identity import pod_identity_principal
 from stacks.versions import kubectl_layer, managed_addon_version
 
@@ -147,9 +148,15 @@ class ClusterStack(cdk.Stack):
                            if config.autoscaling.enabled else None)
         if self.autoscaler:
             self.autoscaler.association.node.add_dependency(self.addons["eks-pod-identity-agent"])
+        self.metrics = (MetricsStack(self, "Metrics", cluster=self.cluster, config=config)
+                        if config.observability.enabled else None)
+        if self.metrics and self.metrics.dcgm_chart:
+            # dcgm-exporter reads the agent's nv-hostengine (dcgm-server): the add-on first.
+            self.metrics.dcgm_chart.node.add_dependency(self.addons["eks-node-monitoring-agent"])
         for chart in [self.nvidia_device_plugin.chart, self.kuberay.chart,
                       *([self.efa_device_plugin.chart] if self.efa_device_plugin else []),
-                      *([self.autoscaler.chart] if self.autoscaler else [])]:
+                      *([self.autoscaler.chart] if self.autoscaler else []),
+                      *(self.metrics.charts if self.metrics else [])]:
             chart.node.add_dependency(self.system_nodegroup)
             chart.node.add_dependency(self.addons["coredns"])
 

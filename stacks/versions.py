@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from constructs import Construct
 
 from config.k8s import KUBERAY_NAMESPACE
+from config.observability import MONITORING_NAMESPACE, STACK_RELEASE
 from config.versions import CLUSTER_AUTOSCALER_CHARTS, kubectl_layer_module
 
 
@@ -132,3 +133,26 @@ def kubectl_layer(scope: Construct, id: str, *, kubernetes_version: str):
     """
     module = importlib.import_module(kubectl_layer_module(kubernetes_version))
     return getattr(module, f"KubectlV{kubernetes_version.split('.')[1]}Layer")(scope, id)
+
+# The metrics stack (`observability` in the variable file). Exact copies of both charts are in
+# ../shared/charts (README there: source commits), which the tests render with helm.
+# Seen in prometheus-community/helm-charts at tag kube-prometheus-stack-88.5.3 (commit ea930baeeb, 2026-08-21,
+# the newest release tag of the chart in the stored snapshot): Prometheus operator v0.93.1, with grafana 12.11.1,
+# kube-state-metrics 8.4.0 and prometheus-node-exporter 4.56.1 as dependencies.
+KUBE_PROMETHEUS_STACK = ChartPin(
+    chart="kube-prometheus-stack",
+    repository="https://prometheus-community.github.io/helm-charts",
+    version="88.5.3",
+    release=STACK_RELEASE,
+    namespace=MONITORING_NAMESPACE,
+)
+
+# Seen in NVIDIA/dcgm-exporter at tag 4.5.3-4.8.2 (commit 691c92762e, 2026-05-06; chart in `deployment/`):
+# chart 4.8.2, image nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless.
+DCGM_EXPORTER = ChartPin(
+    chart="dcgm-exporter",
+    repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
+    version="4.8.2",
+    release="dcgm-exporter",
+    namespace=MONITORING_NAMESPACE,
+)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from charts import ChartError, build_app, bundle, inputs, manifests, ray, validation
+from charts import DASHBOARDS_CHART, ChartError, build_app, bundle, inputs, manifests, ray, validation
 from charts.__main__ import synthesize
 from config import ClusterConfig, load_config
 from config.k8s import GPU_TAINT, system_node_labels
@@ -58,7 +58,9 @@ class Synth:
 
 def _synth(file: Path) -> Synth:
     config = load_config(file)
-    return Synth(config=config, file=file, charts=manifests(build_app(inputs(config, file))))
+    charts = manifests(build_app(inputs(config, file)))
+    # The Grafana dashboards (namespace monitoring) are tests/test_observability.py's.
+    return Synth(config=config, file=file, charts={k: v for k, v in charts.items() if k != DASHBOARDS_CHART})
 
 
 def _container(pod_template: dict) -> dict:
@@ -317,7 +319,7 @@ def test_object_store_and_head_shm_for_the_default_file(default):
     # g6.12xlarge worker: /dev/shm 43 GiB; object store 0.75 x 43 GiB = 33024 MiB.
     worker = default.worker("gpu")
     assert _shm_bytes(worker["template"]) == 43 * 1024**3
-    assert worker["rayStartParams"] == {"object-store-memory": str(33024 * 1024**2)}
+    assert worker["rayStartParams"] == {"object-store-memory": str(33024 * 1024**2), "metrics-export-port": "8080"}
 
 
 def test_ray_train_polls_workers_every_second(default, two_groups):

@@ -61,12 +61,25 @@ PLACEMENT = {
     "Deployment/kuberay-operator": "system",
     "Deployment/cluster-autoscaler": "system",
     "DaemonSet/image-prepull": "all",
+    # The metrics stack (observability): node exporter on every node (it tolerates the GPU taint), dcgm-exporter on
+    # the GPU nodes, the rest on the system nodes. Prometheus itself is a StatefulSet the operator makes from the
+    # Prometheus object (nodeSelector: system), not a rendered workload.
+    "DaemonSet/kube-prometheus-stack-prometheus-node-exporter": "all",
+    "DaemonSet/dcgm-exporter": "gpu",
+    "Deployment/kps-operator": "system",
+    "Deployment/kps-grafana": "system",
+    "Deployment/kube-prometheus-stack-kube-state-metrics": "system",
 }
 # Rendered only when the file asks for it.
 PRESENT_WHEN = {
     "DaemonSet/aws-efa-k8s-device-plugin": lambda c: c.nccl.transport == "efa",
     "Deployment/cluster-autoscaler": lambda c: c.autoscaling.enabled,
     "DaemonSet/image-prepull": lambda c: c.ray.prepull_image,
+    "DaemonSet/kube-prometheus-stack-prometheus-node-exporter": lambda c: c.observability.enabled,
+    "DaemonSet/dcgm-exporter": lambda c: c.observability.enabled and c.observability.dcgm_exporter,
+    "Deployment/kps-operator": lambda c: c.observability.enabled,
+    "Deployment/kps-grafana": lambda c: c.observability.enabled,
+    "Deployment/kube-prometheus-stack-kube-state-metrics": lambda c: c.observability.enabled,
 }
 # Extended resources a device plugin advertises on the nodes its DaemonSet runs on.
 ADVERTISED = {"DaemonSet/nvidia-device-plugin": GPU_RESOURCE, "DaemonSet/aws-efa-k8s-device-plugin": EFA_RESOURCE}

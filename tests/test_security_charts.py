@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from charts import build_app, inputs, manifests, policy, ray, validation
+from charts import DASHBOARDS_CHART, build_app, inputs, manifests, policy, ray, validation
 from config import load_config
 from config.k8s import KUBERAY_NAMESPACE
 from config.model import S3Location, parse_s3_uri
@@ -24,7 +24,9 @@ DIGEST = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "0123456789abcd
 
 def _objects(file) -> list[dict]:
     config = load_config(file)
-    return [o for objs in manifests(build_app(inputs(config, file))).values() for o in objs]
+    # The Grafana dashboards' ConfigMaps (namespace monitoring) are tests/test_observability.py's.
+    return [o for chart, objs in manifests(build_app(inputs(config, file))).items() if chart != DASHBOARDS_CHART
+            for o in objs]
 
 
 @pytest.fixture(scope="module")

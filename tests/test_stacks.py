@@ -345,7 +345,8 @@ def test_efa_device_plugin_tolerates_gpus_and_selects_efa_nodes():
 
 def test_no_efa_device_plugin_with_socket_transport():
     charts = {r["Properties"]["Chart"] for r in resources("socket", "cluster", "Custom::AWSCDK-EKS-HelmChart").values()}
-    assert charts == {"nvidia-device-plugin", "kuberay-operator", "cluster-autoscaler"}
+    assert charts == {"nvidia-device-plugin", "kuberay-operator", "cluster-autoscaler", "kube-prometheus-stack",
+                      "dcgm-exporter"}
 
 
 def test_kuberay_operator_pinned_with_crds_on_system_nodes():

@@ -16,9 +16,9 @@ JOB = {"run_name": "track-test", "learning_rate": 3e-3, "max_steps": 6, "mlflow_
 def _report(step: int) -> dict:
     row = {"step": step, "loss": 3.0 / step, "lr": 1e-3 * step, "grad_norm": 0.5 + step, "tokens_per_s": 1000.0 * step,
            "tokens_per_s_per_gpu": 500.0 * step, "mfu": 0.01 * step, "step_time_s": 0.2, "peak_memory_gib": 1.5,
-           "epoch": 0, "resumed_from_step": 0}
+           "epoch": 0, "resumed_from_step": 0, "data_wait_s": 0.01 * step}
     if step % 2 == 0:
-        row.update(eval_loss=2.5 / step, eval_perplexity=2.0 ** step, eval_tokens=40)
+        row.update(eval_loss=2.5 / step, eval_perplexity=2.0 ** step, eval_tokens=40, checkpoint_s=0.3)
     return row
 
 

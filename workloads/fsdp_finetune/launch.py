@@ -29,6 +29,7 @@ from pathlib import Path
 from config import load_or_exit, resolve_path
 from config.cli import add_file_argument, chosen_file
 from config.model import ClusterConfig, JobConfig
+from config.observability import PLAN_PREDICTION_FILE
 from workloads.fsdp_finetune.data import dataset_epochs
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
@@ -186,6 +187,8 @@ class RunPlan:
     """Resolved sharding (`topology.mesh_plan`): full or hybrid."""
     ranks_per_node: int | None = None
     """Workers per node (None: all on one machine, as in a local run)."""
+    plan_prediction: dict | None = None
+    """The plan's `tokens_per_s` and `mfu` (`workloads.plan`), exported beside the measured figures."""
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -203,7 +206,8 @@ def build_trainer(plan: RunPlan, **extra):
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
                                      run_dir=plan.run_dir, eval_records=plan.eval_records,
                                      driver_progress=plan.metrics_path is not None, sharding=plan.sharding,
-                                     ranks_per_node=plan.ranks_per_node, storage_path=plan.storage_path, **extra)
+                                     ranks_per_node=plan.ranks_per_node, storage_path=plan.storage_path,
+                                     plan_prediction=plan.plan_prediction, **extra)
     # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
     # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
     timeout_s = round(job.collective_timeout_minutes * 60)
@@ -381,6 +385,7 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     refuse(validate_job(job, world_size=config.world_size, source=file))
     dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)
+    plan.plan_prediction = read_plan_prediction(PLAN_PREDICTION_FILE, run_name=job.run_name)
     refuse([p for p in [resume_problem(plan, source=file)] if p])
     from workloads.fsdp_finetune.job_logs import DriverLog
 
@@ -427,6 +432,16 @@ def _run_cluster_job(config: ClusterConfig, job: JobConfig, plan: RunPlan) -> in
     print(json.dumps({"checkpoint": getattr(result.checkpoint, "path", None), "model": plan.export_uri,
                       "metrics": result.metrics}, default=str))
     return 0
+
+
+def read_plan_prediction(path: str, *, run_name: str) -> dict | None:
+    """The plan's prediction that job.sh had `python -m workloads.plan --prediction-out` write (None when it
+    is missing, unreadable or for another run: the dashboards then show the measured figures alone)."""
+    try:
+        prediction = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return prediction if isinstance(prediction, dict) and prediction.get("run_name") == run_name else None
 
 
 def _main_local(args, config: ClusterConfig) -> int:

@@ -46,6 +46,8 @@ TENSORBOARD_TAGS = {
     "tokens_per_s_per_gpu": "speed/tokens_per_s_per_gpu",
     "mfu": "speed/mfu",
     "step_time_s": "speed/step_time_s",
+    "data_wait_s": "speed/data_wait_s",
+    "checkpoint_s": "checkpoint/seconds",
     "peak_memory_gib": "memory/peak_gib",
 }
 # tensorboardX names an event file `events.out.tfevents.<whole seconds>.<hostname><filename_suffix>`

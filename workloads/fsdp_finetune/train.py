@@ -48,7 +48,7 @@ def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
                       run_dir: str | None = None, eval_records: list[dict] | None = None,
                       driver_progress: bool = False, sharding: str | None = None,
-                      ranks_per_node: int | None = None, **extra) -> dict:
+                      ranks_per_node: int | None = None, plan_prediction: dict | None = None, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
@@ -57,7 +57,8 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
     split (the local assets hold out their own questions); `driver_progress` says the driver draws
     a progress bar from metrics.jsonl, so rank 0 does not also log every report. `sharding`
     (resolved: full or hybrid; default `job["sharding"]`) and `ranks_per_node` (default: all ranks
-    on one node) are the variable file's topology (`topology.mesh_plan`). `extra` carries test
+    on one node) are the variable file's topology (`topology.mesh_plan`). `plan_prediction` (the plan's
+    `tokens_per_s` and `predicted_mfu` as `mfu`) is exported beside the measured figures. `extra` carries test
     knobs: `storage_path` (Ray's storage; it keys the checkpoint staging folder,
     `checkpoint_staging_dir`) and `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
     records that it did), to exercise restarts.
@@ -72,6 +73,7 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
         "driver_progress": driver_progress,
         "sharding": sharding or job.get("sharding", "auto"),
         "ranks_per_node": ranks_per_node,
+        "plan_prediction": plan_prediction,
         **extra,
     }
 
@@ -278,10 +280,13 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
 
     held_out = _held_out(config, held_out_records, tokenizer, rank=rank, world=world)
     tracker = _tracker(config, resume_step=step, world=world) if rank == 0 else None
+    from workloads.fsdp_finetune.prometheus import training_gauges
+
+    gauges = training_gauges(job["run_name"], rank=rank, plan_prediction=config.get("plan_prediction"))
     staging = _checkpoint_staging(job["run_name"], rank, config.get("storage_path"))
     peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
     batch_iter = iter(batches)
-    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+    window_start, window_steps, window_tokens, window_data_wait = time.perf_counter(), 0, 0, 0.0
     window_loss, window_label_tokens = [], []
     last_grad_norm = torch.zeros(())
     if held_out is not None and step == 0:
@@ -289,12 +294,16 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
         baseline = {"step": 0, **held_out(model, device)}
         if tracker is not None:
             tracker.log(baseline)
+        if gauges is not None:
+            gauges.report(baseline)
         window_start = time.perf_counter()
 
     while step < job["max_steps"]:
         _maybe_fail(config, step, rank, world)
         lr = scheduler.get_last_lr()[0]
+        fetch_start = time.perf_counter()
         micro = [next(batch_iter) for _ in range(config["grad_accumulation"])]
+        window_data_wait += time.perf_counter() - fetch_start
         out = train_step(model, optimizer, micro, grad_clip=job["grad_clip"], device=device)
         scheduler.step()
         step += 1
@@ -325,6 +334,7 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
             "tokens_per_s_per_gpu": tps_worker,
             "mfu": mfu(tps_worker, model_config, job["seq_len"], peak),
             "step_time_s": elapsed / window_steps,
+            "data_wait_s": window_data_wait / window_steps,
             "peak_memory_gib": peak_memory_gib(device),
             "epoch": batches.state_dict().get("epoch", 0),
             "resumed_from_step": start_step,
@@ -333,38 +343,47 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
             metrics.update(held_out(model, device))
             # Held-out scoring is not training: the next throughput window starts after it.
             window_start = time.perf_counter()
+        checkpoint_dir = None
+        if save:
+            # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
+            # while training goes on (ASYNC), then deletes it.
+            saving = time.perf_counter()
+            checkpoint_dir = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=staging)
+            save_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
+                            data_state=batches.state_dict(), device=device)
+            metrics["checkpoint_s"] = time.perf_counter() - saving
         if tracker is not None:
             tracker.log(metrics, plot=save or evaluate_now)
+        if gauges is not None:
+            gauges.report(metrics)
         if not config.get("driver_progress"):  # a local run's driver draws its own bar from metrics.jsonl
             log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs%s", step, loss, lr,
                      metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"],
                      f" eval_loss {metrics['eval_loss']:.4f}" if evaluate_now else "")
-        if save:
-            # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
-            # while training goes on (ASYNC), then deletes it.
-            directory = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=staging)
-            save_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                            data_state=batches.state_dict(), device=device)
+        if checkpoint_dir is not None:
             # Only checkpoints are reported to Ray; the figures of every report already went to the
-            # tracker above (metrics.jsonl, TensorBoard). Ray Train 2.58's controller takes one report
-            # per worker per poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): each worker's result queue has
-            # maxsize 1 and later reports wait their turn in order (ray/train/v2/_internal/execution/
-            # context.py `_wait_then_report`, worker_group/worker.py `poll_status`). Reporting every
-            # step queued reports faster than they were taken, so a checkpoint was registered long
-            # after it was written, and a worker killed meanwhile restarted from an older one (step
-            # 0 instead of 50 with report_every 1). With checkpoint reports alone, one is registered
-            # within its upload plus one poll, whatever report_every is.
+            # tracker above (metrics.jsonl, TensorBoard) and to the Prometheus gauges. Ray Train 2.58's
+            # controller takes one report per worker per poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): each
+            # worker's result queue has maxsize 1 and later reports wait their turn in order
+            # (ray/train/v2/_internal/execution/context.py `_wait_then_report`, worker_group/worker.py
+            # `poll_status`). Reporting every step queued reports faster than they were taken, so a
+            # checkpoint was registered long after it was written, and a worker killed meanwhile restarted
+            # from an older one (step 0 instead of 50 with report_every 1). With checkpoint reports alone,
+            # one is registered within its upload plus one poll, whatever report_every is.
             # Asynchronous: training goes on while the checkpoint uploads.
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir),
                              checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}",
                              checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
-        window_steps, window_tokens = 0, 0
+        window_steps, window_tokens, window_data_wait = 0, 0, 0.0
         window_loss, window_label_tokens = [], []
 
     export_hf_model(model, tokenizer, config["export_uri"], dtype=export_dtype)
     log.info("exported the model to %s", config["export_uri"])
     if tracker is not None:
         tracker.close()
+    if gauges is not None:
+        # Last: the final report's values stay up through the export, so a scrape surely sees them.
+        gauges.close()
 
 
 def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world: int) -> HeldOutLoss | None:

@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-unknown", action="store_true",
                         help="an architecture known neither locally nor in the table is a warning, exit 0 "
                              "(the RayJob's job.sh: the plan must not block a model it cannot see)")
+    parser.add_argument("--prediction-out", metavar="FILE",
+                        help="also write the predicted tokens/s and MFU as JSON here (the training driver exports "
+                             "them to Prometheus beside the measured ones)")
     args = parser.parse_args(argv)
     if not 0 < args.efficiency <= 1:
         parser.error("--efficiency must be in (0, 1]")
@@ -48,7 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{file}: {refusal}{instead}", file=sys.stderr)
         return 2
     print(json.dumps(plan) if args.json else render(plan, file))
+    if args.prediction_out:
+        write_prediction(plan, args.prediction_out, run_name=config.job.run_name)
     return 0
+
+
+def write_prediction(plan: dict, path: str, *, run_name: str) -> None:
+    """The plan's throughput and MFU as the training driver reads them (`launch.read_plan_prediction`)."""
+    from pathlib import Path
+
+    prediction = {"run_name": run_name, "tokens_per_s": plan["tokens_per_s"], "mfu": plan["predicted_mfu"]}
+    Path(path).write_text(json.dumps(prediction) + "\n")
 
 
 if __name__ == "__main__":

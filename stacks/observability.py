@@ -1,0 +1,129 @@
+"""The metrics stack (`observability` in the variable file): kube-prometheus-stack and dcgm-exporter as Helm charts.
+
+The values are plain functions of the variable file, so the tests render the pinned charts with them
+(../shared/charts, the real helm) and check where every DaemonSet and Deployment lands. The Ray pods'
+PodMonitor and the Grafana dashboards are in the cdk8s manifests (`charts.monitoring`), next to the pods.
+docs/observability.md: why in-cluster, how to open Grafana.
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from config import ClusterConfig
+from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, system_node_labels
+from config.observability import (
+    DASHBOARD_LABEL,
+    DCGM_HOSTENGINE_PORT,
+    GRAFANA_SERVICE,
+    PROMETHEUS_NAME,
+    STACK_FULLNAME,
+    STACK_REQUESTS,
+)
+from stacks.helm_addons import pinned_chart
+from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
+
+HOST_IP_ENV = "HOST_IP"
+
+
+def _requests(name: str) -> dict:
+    cpu_m, mem_mib = STACK_REQUESTS[name]
+    return {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem_mib}Mi"}, "limits": {"memory": f"{mem_mib * 2}Mi"}}
+
+
+def kube_prometheus_stack_values(config: ClusterConfig) -> dict:
+    """kube-prometheus-stack's values: everything on the system nodes but the node exporter, which runs on
+    every node (its chart default tolerates every NoSchedule taint, the GPU taint among them; set explicitly)."""
+    section = config.observability
+    system = system_node_labels()
+    interval = f"{section.scrape_interval_s}s"
+    return {
+        "fullnameOverride": STACK_FULLNAME,
+        # No receivers are configured, so an Alertmanager would only hold alerts nobody reads.
+        "alertmanager": {"enabled": False},
+        "windowsMonitoring": {"enabled": False},
+        "prometheusOperator": {
+            "nodeSelector": system,
+            "resources": _requests("operator"),
+            "admissionWebhooks": {"patch": {"nodeSelector": system}},
+        },
+        "prometheus": {"prometheusSpec": {
+            # The Prometheus object's name (`kube-prometheus-stack.prometheus.crname` is fullname-prometheus);
+            # the Ray pods' NetworkPolicy admits its pods by it.
+            "nodeSelector": system,
+            "resources": _requests("prometheus"),
+            "scrapeInterval": interval,
+            "retention": f"{section.retention_hours}h",
+            # Below the emptyDir's limit, so Prometheus drops old blocks before the kubelet evicts the pod.
+            "retentionSize": f"{int(section.storage_gib * 0.8)}GB",
+            # No EBS CSI driver in this cluster: the data lives on the node's root disk.
+            "storageSpec": {"emptyDir": {"sizeLimit": f"{section.storage_gib}Gi"}},
+            # Select every PodMonitor and ServiceMonitor, not only those labelled with this release: the
+            # Ray pods' PodMonitor is applied with the cdk8s manifests.
+            "podMonitorSelectorNilUsesHelmValues": False,
+            "serviceMonitorSelectorNilUsesHelmValues": False,
+        }},
+        "grafana": {
+            # Its Service name, for `kubectl port-forward` (the subchart would name it after the release).
+            "fullnameOverride": GRAFANA_SERVICE,
+            "nodeSelector": system,
+            "resources": _requests("grafana"),
+            # The dashboards sidecar loads every ConfigMap labelled grafana_dashboard=1, in any namespace.
+            "sidecar": {"dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1",
+                                       "searchNamespace": "ALL"}},
+        },
+        "kube-state-metrics": {"nodeSelector": system, "resources": _requests("kube-state-metrics")},
+        "prometheus-node-exporter": {
+            "tolerations": [GPU_TAINT.toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
+            "prometheus": {"monitor": {"interval": interval}},
+        },
+    }
+
+
+def dcgm_exporter_values(config: ClusterConfig) -> dict:
+    """dcgm-exporter's values: on the GPU nodes only, reading the node monitoring agent's nv-hostengine.
+
+    The chart's default tolerations cover only the control-plane taint and it has no nodeSelector, so
+    both are set. Coexisting with the eks-node-monitoring-agent add-on: its dcgm-server DaemonSet runs
+    `nv-hostengine -n -b ALL` with hostPort 5555 (eks-node-monitoring-agent chart 1.7.0,
+    templates/dcgm-daemonset.yaml). dcgm-exporter connects to a running host engine instead of embedding
+    its own when given `-r HOST:PORT` / DCGM_REMOTE_HOSTENGINE_INFO (NVIDIA/dcgm-exporter pkg/cmd/app.go,
+    flag `remote-hostengine-info`; chart 4.8.2 values.yaml: "Use -r <HOST>:<PORT> to connect to an already
+    running hostengine"): one host engine per node, so the two never hold the GPUs' profiling counters
+    against each other. The pod reaches the hostPort on its node's IP (Downward API status.hostIP).
+    """
+    return {
+        "nodeSelector": {GPU_PRESENT_LABEL: "true"},
+        "tolerations": [GPU_TAINT.toleration()],
+        "arguments": ["-f", "/etc/dcgm-exporter/default-counters.csv"],
+        "extraEnv": [
+            {"name": HOST_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": "DCGM_REMOTE_HOSTENGINE_INFO", "value": f"$({HOST_IP_ENV}):{DCGM_HOSTENGINE_PORT}"},
+        ],
+        # The chart's ServiceMonitor; kube-prometheus-stack's Prometheus selects every ServiceMonitor.
+        "serviceMonitor": {"enabled": True, "interval": f"{config.observability.scrape_interval_s}s"},
+    }
+
+
+class MetricsStack(Construct):
+    """kube-prometheus-stack (Prometheus, Grafana, node exporter, kube-state-metrics) and dcgm-exporter."""
+
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster, config: ClusterConfig, **kwargs) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.values = kube_prometheus_stack_values(config)
+        stack = Construct(self, "KubePrometheusStack")
+        self.chart = pinned_chart(stack, cluster, KUBE_PROMETHEUS_STACK, self.values)
+        self.charts = [self.chart]
+        self.dcgm_chart = None
+        if config.observability.dcgm_exporter:
+            dcgm = Construct(self, "DcgmExporter")
+            self.dcgm_values = dcgm_exporter_values(config)
+            self.dcgm_chart = pinned_chart(dcgm, cluster, DCGM_EXPORTER, self.dcgm_values)
+            # Its ServiceMonitor is a CRD the stack's chart installs.
+            self.dcgm_chart.node.add_dependency(self.chart)
+            self.charts.append(self.dcgm_chart)
+        cdk.CfnOutput(self, "GrafanaCommand", value=f"kubectl -n {KUBE_PROMETHEUS_STACK.namespace} port-forward "
+                      f"svc/{GRAFANA_SERVICE} 3000:80",
+                      description=f"Opens Grafana on http://localhost:3000 (Prometheus: {PROMETHEUS_NAME}).")
