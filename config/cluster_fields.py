@@ -29,7 +29,7 @@ VPC_MASK_MIN, VPC_MASK_MAX = 16, 28
 # EKS's limit on public endpoint CIDR blocks per cluster (Amazon EKS service quotas).
 EKS_PUBLIC_ACCESS_CIDRS_MAX = 40
 # EC2 instance type names as botocore's ec2 `InstanceType` enum writes them (family.size).
-INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"
+INSTANCE_TYPE_PATTERN = r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$"
 # EC2 capacity reservation ids (Capacity Blocks too): `cr-` and 17 hex digits.
 CAPACITY_RESERVATION_PATTERN = r"^cr-[0-9a-f]{17}$"
 
