@@ -21,8 +21,7 @@ FIXED = settings(derandomize=True, database=None, deadline=None, suppress_health
 SYNTHESIZED = 2
 
 
-@FIXED
-@settings(max_examples=80)
+@settings(FIXED, max_examples=80)
 @given(variable_files())
 def test_refused_files_exit_2_naming_file_and_field(tmp_path_factory, example):
     data, mutated = example
@@ -36,8 +35,7 @@ def test_refused_files_exit_2_naming_file_and_field(tmp_path_factory, example):
 def test_accepted_files_deploy(tmp_path_factory):
     built: list[list[str]] = []
 
-    @FIXED
-    @settings(max_examples=40)
+    @settings(FIXED, max_examples=40)
     @given(variable_files())
     def collect(example):
         if len(built) >= SYNTHESIZED:
