@@ -41,8 +41,9 @@ class JobConfig(_Strict):
         json_schema_extra=limit("Hugging Face repo id (huggingface_hub validate_repo_id), path or s3:// URI")
     )
     dataset_split: str = Field(
-        pattern=r"^\w+(\.\w+)*(\[[^\]]*\])?$", default="train", description="Dataset split to train on.",
-        json_schema_extra=limit("datasets split names (datasets.splits: ^\\w+(\\.\\w+)*$), with an optional slice")
+        pattern=r"^\w+(\.\w+)*(\[[^\]]*\])?(\+\w+(\.\w+)*(\[[^\]]*\])?)*$", default="train",
+        description="Dataset split to train on (datasets' split syntax: name, name[slice], a+b).",
+        json_schema_extra=limit("datasets split names (datasets.splits: ^\\w+(\\.\\w+)*$), with slices and '+'")
     )
     instruction_field: str = Field(
         min_length=1, pattern=NON_BLANK, default="instruction", description="Dataset column with the prompt.",
