@@ -43,7 +43,7 @@ def botocore_model(service: str):
 
 @cache
 def rayjob_spec() -> dict:
-    crd = yaml.safe_load(KUBERAY.read_text())
+    crd = yaml.load(KUBERAY.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 13k lines
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
 
 
