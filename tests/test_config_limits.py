@@ -93,6 +93,7 @@ LIMITS = {
         "cluster.system_nodes.nodes", botocore_model("eks").shape_for("Capacity").metadata["min"], -1),
     "cfn launch template gp3 max (system disk)": lambda: ("cluster.system_nodes.disk_gib", gp3_max_gib(), +1),
     "cfn launch template gp3 max (worker disk)": lambda: ("cluster.worker_groups.0.disk_gib", gp3_max_gib(), +1),
+    "cfn launch template gp3 max (EC2 head disk)": lambda: ("ec2.head_disk_gib", gp3_max_gib(), +1),
     "RayJob activeDeadlineSeconds int32": lambda: (
         "job.timeout_hours", int32_max(rayjob_spec()["activeDeadlineSeconds"]) // 3600, +1),
     "RayJob ttlSecondsAfterFinished int32": lambda: (
