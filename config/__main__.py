@@ -11,7 +11,7 @@ import argparse
 
 from config.catalog import load_catalog
 from config.cli import add_file_argument, chosen_file
-from config.loader import load_or_exit, resolve_path
+from config.loader import ConfigError, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
 
@@ -94,10 +94,28 @@ def warnings(config: ClusterConfig) -> list[str]:
     return out
 
 
-def check(file: str | None) -> ClusterConfig:
+def check(file: str | None, *, online: bool = False) -> ClusterConfig:
     """Load and validate the variable file (exit 2 with one line per problem on stderr), print OK, its plan and
-    its warnings."""
+    its warnings.
+
+    Offline (the default) nothing touches the network: each check that would is named on one `note:` line
+    (stderr). `online` runs them (config/online.py), each request bounded in time; a problem they find
+    exits 2 like any other."""
+    import sys
+
+    from config.online import offline_notes, online_findings
+
     config = load_or_exit(file)
+    if online:
+        found = online_findings(config)
+        for note in found.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if found.problems:
+            print(ConfigError(resolve_path(file), found.problems), file=sys.stderr)
+            raise SystemExit(2)
+    else:
+        for note in offline_notes(config):
+            print(f"note: {note}", file=sys.stderr)
     print(f"{resolve_path(file)}: OK")
     print(plan(config))
     for line in warnings(config):
@@ -111,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check_cmd = sub.add_parser("check", help="validate a variable file and print its plan")
     add_file_argument(check_cmd)
+    check_cmd.add_argument("--online", action="store_true",
+                           help="also check what needs the network: Hub ids, S3 buckets and, with AWS credentials, "
+                                "GPU quotas, instance offerings in the GPU AZ and capacity reservations")
     reference = sub.add_parser("reference", help="print the field reference table (docs/reference.md)")
     reference.add_argument("--write", metavar="PAGE", nargs="?", const="docs/reference.md",
                            help="update the table in this page instead (default page: docs/reference.md)")
@@ -125,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(reference_table())
         return 0
-    check(chosen_file(check_cmd, args))
+    check(chosen_file(check_cmd, args), online=args.online)
     return 0
 
 

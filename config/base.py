@@ -17,3 +17,21 @@ class Problem:
 
     path: str
     message: str
+
+
+# Where a field's limit comes from, or why any value of its type is fine: kept in the field's
+# `json_schema_extra`, shown in the README's field reference and required of every field by
+# tests/test_config_limits.py (a field with neither a constraint nor a reason fails that test).
+def limit(source: str) -> dict[str, str]:
+    """`json_schema_extra` naming the source of a field's limit (the API or artifact that parses the value)."""
+    return {"limit_source": source}
+
+
+def any_value(reason: str) -> dict[str, str]:
+    """`json_schema_extra` saying why every value of the field's type is acceptable."""
+    return {"any_value": reason}
+
+
+# The largest value of a 32-bit signed integer: CloudFormation and Kubernetes `format: int32` fields,
+# botocore `integer` shapes (Smithy's 32-bit integer).
+INT32_MAX = 2**31 - 1

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from config.base import limit
 from config.catalog import load_catalog
+from config.cluster_fields import GP3_MAX_GIB, INSTANCE_TYPE_PATTERN
 
 Target = Literal["eks", "ec2"]
 
@@ -48,11 +50,14 @@ class Ec2Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     head_instance_type: str = Field(
-        default="m7i.2xlarge",
+        default="m7i.2xlarge", pattern=INSTANCE_TYPE_PATTERN,
         description="EC2 instance type of the Ray head (catalog; no GPU: the head only schedules, trains nothing).",
+        json_schema_extra=limit("botocore ec2 InstanceType enum; config/instances.yaml"),
     )
-    head_disk_gib: int = Field(default=100, ge=50, description="Head root volume, GiB (gp3, encrypted; holds the "
-                               "multi-GB image).")
+    head_disk_gib: int = Field(default=100, ge=50, le=GP3_MAX_GIB, description="Head root volume, GiB (gp3, "
+                               "encrypted; holds the multi-GB image).",
+                               json_schema_extra=limit("cfn-lint AWS::EC2::LaunchTemplate Ebs.VolumeSize (gp3); 50: "
+                                                       "the DLAMI and the image"))
     access: Literal["ssm", "ssh"] = Field(
         default="ssm",
         description="How `ray up` reaches the head: ssm (SSH tunnelled through SSM Session Manager, no port "
@@ -62,6 +67,7 @@ class Ec2Config(BaseModel):
         default=10, ge=1, le=1440,
         description="Minutes a worker node may sit idle before Ray's autoscaler terminates it, minutes "
                     "(replaces the Cluster Autoscaler's scale-down on EKS).",
+        json_schema_extra=limit("project bound: one day"),
     )
 
 

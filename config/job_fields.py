@@ -11,66 +11,130 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from config.base import _Strict
+from config.base import INT32_MAX, _Strict, limit
 from config.s3 import S3Location, parse_s3_uri
+
+# A name or column the job passes on as written: not empty, no leading or trailing whitespace.
+NON_BLANK = r"^\S(.*\S)?$"
+# Counts of steps, tokens and sequences: no upper limit of their own; bounded so that products of them
+# stay far inside int64 and the RayJob's JSON numbers stay exact (2**53).
+STEPS_MAX = 10**9
+# The longest packed sequence the job will build, tokens (a 1M-token context; the model's own limit is
+# checked when it loads).
+SEQ_LEN_MAX = 2**20
+# RayJob activeDeadlineSeconds and ttlSecondsAfterFinished are `format: int32` seconds
+# (../shared/kuberay/ray.io_rayjobs.yaml); the fields below are hours.
+INT32_HOURS_MAX = INT32_MAX // 3600
 
 
 class JobConfig(_Strict):
     """The fine-tuning job."""
 
-    model: str = Field(
+    model: str = Field(min_length=1, max_length=1024, pattern=NON_BLANK,
         default="Qwen/Qwen2.5-1.5B",
         description="Hugging Face model id, local path or s3://bucket/prefix (the pods get read access to it).",
+        json_schema_extra=limit("Hugging Face repo id (huggingface_hub validate_repo_id), path or s3:// URI")
     )
-    dataset: str = Field(
+    dataset: str = Field(min_length=1, max_length=1024, pattern=NON_BLANK,
         default="yahma/alpaca-cleaned",
         description="Dataset: hub id, local path, s3://bucket/prefix (read access granted), or a .jsonl/.parquet file.",
+        json_schema_extra=limit("Hugging Face repo id (huggingface_hub validate_repo_id), path or s3:// URI")
     )
-    dataset_split: str = Field(default="train", description="Dataset split to train on.")
-    instruction_field: str = Field(default="instruction", description="Dataset column with the prompt.")
-    response_field: str = Field(default="output", description="Dataset column with the answer.")
-    input_field: str | None = Field(
-        default=None, description="Optional dataset column appended to the prompt (Alpaca's `input`; None: none)."
+    dataset_split: str = Field(
+        pattern=r"^\w+(\.\w+)*(\[[^\]]*\])?(\+\w+(\.\w+)*(\[[^\]]*\])?)*$", default="train",
+        description="Dataset split to train on (datasets' split syntax: name, name[slice], a+b).",
+        json_schema_extra=limit("datasets split names (datasets.splits: ^\\w+(\\.\\w+)*$), with slices and '+'")
     )
-    eval_fraction: float = Field(
+    instruction_field: str = Field(
+        min_length=1, pattern=NON_BLANK, default="instruction", description="Dataset column with the prompt.",
+        json_schema_extra=limit("a dataset column name: not blank")
+    )
+    response_field: str = Field(
+        min_length=1, pattern=NON_BLANK, default="output", description="Dataset column with the answer.",
+        json_schema_extra=limit("a dataset column name: not blank")
+    )
+    input_field: str | None = Field(min_length=1, pattern=NON_BLANK,
+        default=None, description="Optional dataset column appended to the prompt (Alpaca's `input`; None: none).",
+        json_schema_extra=limit("a dataset column name: not blank")
+    )
+    eval_fraction: float = Field(allow_inf_nan=False,
         default=0.01, ge=0, lt=0.5,
         description="Fraction held out from training: its loss is computed across all ranks every "
         "eval_every steps and after the last (0: none).",
+        json_schema_extra=limit("a fraction below half: most of the data must train")
     )
-    seq_len: int = Field(default=2048, gt=0, description="Packed sequence length, tokens.")
-    micro_batch_size: int = Field(default=4, gt=0, description="Sequences per GPU per forward pass.")
-    global_batch_size: int = Field(
-        default=64, gt=0, description="Sequences per optimizer step across all GPUs (sets gradient accumulation)."
+    seq_len: int = Field(
+        le=SEQ_LEN_MAX, default=2048, gt=0, description="Packed sequence length, tokens.",
+        json_schema_extra=limit("project bound (1M tokens); the model's max positions at load")
     )
-    learning_rate: float = Field(default=2e-5, gt=0, description="Peak learning rate (AdamW).")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(default=20, ge=0, description="Linear warm-up, optimizer steps.")
-    max_steps: int = Field(default=500, gt=0, description="Optimizer steps to train.")
-    max_epochs_warning: float = Field(
+    micro_batch_size: int = Field(
+        le=STEPS_MAX, default=4, gt=0, description="Sequences per GPU per forward pass.",
+        json_schema_extra=limit("positive count; project bound")
+    )
+    global_batch_size: int = Field(le=STEPS_MAX,
+        default=64, gt=0, description="Sequences per optimizer step across all GPUs (sets gradient accumulation).",
+        json_schema_extra=limit("a multiple of micro_batch_size x world size (rule)")
+    )
+    learning_rate: float = Field(
+        allow_inf_nan=False, le=1, default=2e-5, gt=0, description="Peak learning rate (AdamW).",
+        json_schema_extra=limit("finite, (0, 1]: torch.optim.AdamW refuses lr < 0")
+    )
+    weight_decay: float = Field(
+        allow_inf_nan=False, le=1, default=0.0, ge=0, description="AdamW weight decay.",
+        json_schema_extra=limit("finite, [0, 1]: torch.optim.AdamW refuses < 0")
+    )
+    warmup_steps: int = Field(
+        le=STEPS_MAX, default=20, ge=0, description="Linear warm-up, optimizer steps.",
+        json_schema_extra=limit("below max_steps (rule)")
+    )
+    max_steps: int = Field(
+        le=STEPS_MAX, default=500, gt=0, description="Optimizer steps to train.",
+        json_schema_extra=limit("positive count; project bound")
+    )
+    max_epochs_warning: float = Field(allow_inf_nan=False,
         default=3, gt=0,
         description="Epochs of the training split that max_steps may run before the driver warns (overfitting), "
                     "epochs.",
+        json_schema_extra=limit("finite, positive")
     )
-    grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
+    grad_clip: float = Field(
+        allow_inf_nan=False, default=1.0, gt=0, description="Gradient-norm clip.",
+        json_schema_extra=limit("finite, positive: torch.nn.utils.clip_grad_norm_")
+    )
     mask_prompt: bool = Field(default=True, description="Exclude prompt tokens from the loss.")
-    checkpoint_every: int = Field(default=100, gt=0, description="Checkpoint interval, optimizer steps.")
-    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept by Ray.")
-    report_every: int = Field(default=10, gt=0, description="Metrics report interval, optimizer steps.")
-    eval_every: int = Field(
+    checkpoint_every: int = Field(
+        le=STEPS_MAX, default=100, gt=0, description="Checkpoint interval, optimizer steps.",
+        json_schema_extra=limit("positive count of optimizer steps")
+    )
+    keep_checkpoints: int = Field(
+        le=STEPS_MAX, default=2, gt=0, description="Checkpoints kept by Ray.",
+        json_schema_extra=limit("Ray CheckpointConfig(num_to_keep) must be >= 1")
+    )
+    report_every: int = Field(
+        le=STEPS_MAX, default=10, gt=0, description="Metrics report interval, optimizer steps.",
+        json_schema_extra=limit("positive count of optimizer steps")
+    )
+    eval_every: int = Field(le=STEPS_MAX,
         default=100, gt=0,
         description="Held-out loss and perplexity interval, optimizer steps (also after the last step).",
+        json_schema_extra=limit("positive count of optimizer steps")
     )
-    mlflow_tracking_uri: str | None = Field(
+    mlflow_tracking_uri: str | None = Field(max_length=2048,
         default=None,
         description="MLflow tracking URI (http(s)://server, sqlite:///file.db, ...) that rank 0 also sends the "
         "metrics and the job's settings to (None: TensorBoard and metrics.jsonl only).",
+        json_schema_extra=limit("an MLflow tracking URI: scheme://... or databricks")
     )
-    collective_timeout_minutes: float = Field(
+    collective_timeout_minutes: float = Field(allow_inf_nan=False, le=10080,
         default=10, gt=0,
         description="Minutes a collective may wait before the process group fails it (PyTorch's default: 30); "
         "the NCCL flight recorder dumps its trace then.",
+        json_schema_extra=limit("finite, positive, at most a week")
     )
-    max_failures: int = Field(default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).")
+    max_failures: int = Field(
+        le=STEPS_MAX, default=3, ge=-1, description="Worker-group restarts before giving up (-1: unlimited).",
+        json_schema_extra=limit("Ray FailureConfig(max_failures): -1 (unlimited) or more")
+    )
     activation_checkpointing: bool = Field(default=True, description="Recompute activations in backward.")
     compile: bool = Field(default=False, description="torch.compile each decoder layer and the chunked loss.")
     sharding: Literal["auto", "full", "hybrid"] = Field(
@@ -87,26 +151,36 @@ class JobConfig(_Strict):
     attn_implementation: Literal["flash_attention_2", "sdpa", "eager"] = Field(
         default="sdpa", description="Attention kernel (flash_attention_2 is in the DLC image)."
     )
-    seed: int = Field(default=42, description="Seed for data order and initialisation.")
-    run_name: str = Field(
-        default="qwen2.5-1.5b-sft", pattern=r"^[A-Za-z0-9_.-]+$", description="Stable run name; a rerun resumes it."
+    seed: int = Field(
+        ge=0, le=2**32 - 1, default=42, description="Seed for data order and initialisation.",
+        json_schema_extra=limit("numpy.random.seed range 0..2**32-1")
+    )
+    run_name: str = Field(max_length=200,
+        default="qwen2.5-1.5b-sft", pattern=r"^[A-Za-z0-9_.-]+$", description="Stable run name; a rerun resumes it.",
+        json_schema_extra=limit("a directory name under storage (255 bytes), Ray Train run name")
     )
     timeout_hours: float = Field(
-        default=12, gt=0,
+        allow_inf_nan=False, le=INT32_HOURS_MAX, default=12, gt=0,
         description="Hours the whole job may take, retries included: each attempt's RayJob activeDeadlineSeconds, "
         "and the driver's own deadline across attempts (KubeRay restarts its clock at every retry).",
+        json_schema_extra=limit("RayJob activeDeadlineSeconds: int32 seconds, at least 1 (rule)"),
     )
-    retries: int = Field(default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).")
+    retries: int = Field(
+        le=INT32_MAX, default=2, ge=0, description="RayJob backoffLimit: resubmissions (each resumes).",
+        json_schema_extra=limit("RayJob backoffLimit: int32"),
+    )
     ttl_hours: float = Field(
-        default=1, ge=0,
+        allow_inf_nan=False, le=INT32_HOURS_MAX, default=1, ge=0,
         description="Hours a finished RayJob's head (Ray dashboard, driver log) is kept; its GPU workers go "
         "as soon as the job ends (KubeRay deletionRules).",
+        json_schema_extra=limit("RayJob ttlSecondsAfterFinished: int32 seconds"),
     )
     start_deadline_minutes: float = Field(
-        default=30, gt=0, le=24 * 60,
+        allow_inf_nan=False, default=30, gt=0, le=24 * 60,
         description="RayJob preRunningDeadlineSeconds, minutes: how long one attempt may wait for its whole Ray "
         "cluster (GPU nodes from zero, image pull) before it fails as PreRunningDeadlineExceeded, e.g. with no "
         "GPU capacity or too small a quota. KubeRay 1.7.0 retries that failure (job.retries).",
+        json_schema_extra=limit("RayJob preRunningDeadlineSeconds (int32 seconds); project bound: one day"),
     )
 
     @field_validator("mlflow_tracking_uri")
@@ -120,7 +194,8 @@ class JobConfig(_Strict):
     @field_validator("model", "dataset")
     @classmethod
     def _s3_uri(cls, value: str) -> str:
-        parse_s3_uri(value)
+        if parse_s3_uri(value) is None and _looks_like_hub_id(value):
+            _check_hub_id(value)
         return value
 
     @property
@@ -146,3 +221,23 @@ class JobConfig(_Strict):
     def grad_accumulation(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each of `world_size` workers."""
         return self.global_batch_size // (self.micro_batch_size * world_size)
+
+
+def _looks_like_hub_id(value: str) -> bool:
+    """Whether a model or dataset reads as a Hugging Face repo id (`name` or `owner/name`) rather than a path."""
+    return (not value.startswith(("/", ".", "~")) and value.count("/") <= 1
+            and not value.endswith((".jsonl", ".json", ".parquet", ".csv", ".txt")))
+
+
+def _check_hub_id(value: str) -> None:
+    """Refuse what the Hub would refuse, with huggingface_hub's own validator (huggingface_hub/utils/_validators.py
+    `validate_repo_id`: [\\w.-] in one or two parts, no '--' or '..', at most 96 characters)."""
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # the deploy toolchain without the Hub client: the pods check again when they load it
+        return
+    try:
+        validate_repo_id(value)
+    except HFValidationError as exc:
+        raise ValueError(f"'{value}' is neither a Hugging Face repo id nor a path ({exc}); write OWNER/NAME, "
+                         "./local/path or s3://bucket/prefix") from exc

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from config.base import Problem, _Strict
+from config.base import Problem, _Strict, limit
 from config.cluster_fields import (
     AutoscalingConfig,
     ClusterSection,
@@ -66,10 +66,12 @@ class ClusterConfig(RulesMixin, TopologyMixin, ResourcesMixin, StorageMixin, Cos
     """The whole variable file: infrastructure, manifests and job derive from it."""
 
     region: str = Field(default="us-east-2", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$",
-                        description="AWS region (one listed under `regions` in config/instances.yaml).")
+                        description="AWS region (one listed under `regions` in config/instances.yaml).",
+                        json_schema_extra=limit("AWS region names; config/instances.yaml regions (rule)"))
     gpu_availability_zone: str = Field(
-        default="us-east-2b",
+        default="us-east-2b", pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
         description="The one AZ all GPU nodes run in (cluster placement group); one of the region's AZs.",
+        json_schema_extra=limit("AWS AZ names (region + letter); the region's AZs in config/instances.yaml (rule)"),
     )
     network: NetworkConfig = Field(default_factory=NetworkConfig, description="VPC settings.")
     cluster: ClusterSection = Field(description="EKS cluster and node groups.")

@@ -9,9 +9,17 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import Field, field_validator, model_validator
 
-from config.base import _Strict
+from config.base import INT32_MAX, _Strict, limit
+
+# Kubernetes object names that must be DNS-1123 labels (namespaces; we hold service accounts to the same):
+# lowercase alphanumerics and '-', starting and ending alphanumeric, at most 63 characters
+# (k8s.io/apimachinery pkg/util/validation IsDNS1123Label).
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# A released version number, as Ray and the KubeRay chart are published (MAJOR.MINOR.PATCH).
+RELEASE_VERSION = r"^\d+\.\d+\.\d+$"
 
 # An image pinned by content: `repo@sha256:<64 hex>` (a tag may stand before the digest).
 _DIGEST_RE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
@@ -20,8 +28,12 @@ _DIGEST_RE = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 class HeadConfig(_Strict):
     """The Ray head pod (on a system node; no GPU)."""
 
-    cpu: int = Field(default=4, ge=1, description="Head CPUs (request = limit).")
-    memory_gib: int = Field(default=16, ge=2, description="Head memory, GiB (request = limit).")
+    cpu: int = Field(default=4, ge=1, le=1024, description="Head CPUs (request = limit); must fit a system node.",
+                     json_schema_extra=limit("the system node's allocatable CPU (rule); 1024: no EC2 type has more"))
+    memory_gib: int = Field(default=16, ge=2, le=32768,
+                            description="Head memory, GiB (request = limit); must fit a system node.",
+                            json_schema_extra=limit("the system node's allocatable memory (rule); 2: Ray's head "
+                                                    "needs it"))
 
 
 class RayConfig(_Strict):
@@ -31,19 +43,38 @@ class RayConfig(_Strict):
         default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
         description="Container image for head and workers, pinned by tag or digest (repo@sha256:... or "
                     "repo:tag@sha256:...; never built). A tag can be republished: pin the digest (docs/lifecycle.md).",
+        json_schema_extra=limit("OCI reference: a tag other than latest, or sha256 digest of 64 hex digits"),
     )
-    ray_version: str = Field(default="2.58.0", description="Ray version inside the image (must match it).")
-    kuberay_version: str = Field(default="1.7.0", description="KubeRay operator Helm chart version.")
-    namespace: str = Field(default="ray", pattern=r"^[a-z0-9-]{1,63}$", description="Kubernetes namespace for Ray.")
+    ray_version: str = Field(default="2.58.0", pattern=RELEASE_VERSION,
+                             description="Ray version inside the image (must match it), MAJOR.MINOR.PATCH.",
+                             json_schema_extra=limit("Ray's release numbering; the image's Ray (rule)"))
+    kuberay_version: str = Field(default="1.7.0", pattern=RELEASE_VERSION,
+                                 description="KubeRay operator Helm chart version, MAJOR.MINOR.PATCH.",
+                                 json_schema_extra=limit("KubeRay chart versions (semver)"))
+    namespace: str = Field(default="ray", pattern=DNS1123_LABEL, description="Kubernetes namespace for Ray.",
+                           json_schema_extra=limit("Kubernetes DNS-1123 label (apimachinery IsDNS1123Label)"))
     service_account: str = Field(
-        default="ray-train", pattern=r"^[a-z0-9-]{1,63}$", description="Service account bound to S3 by Pod Identity."
+        default="ray-train", pattern=DNS1123_LABEL, description="Service account bound to S3 by Pod Identity.",
+        json_schema_extra=limit("Kubernetes DNS-1123 label (apimachinery IsDNS1123Label)"),
     )
     head: HeadConfig = Field(default_factory=HeadConfig, description="Ray head resources.")
     extra_pip_packages: list[str] = Field(
         default_factory=list,
         description="Extra pip requirements for the runtime env (never torch/ray/transformers/NCCL).",
+        json_schema_extra=limit("packaging.requirements.Requirement (PEP 508)"),
     )
     preflight: bool = Field(default=True, description="Run the EFA/GPU preflight checks before training.")
+
+    @field_validator("extra_pip_packages")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        for requirement in value:
+            try:
+                Requirement(requirement)
+            except InvalidRequirement as exc:
+                raise ValueError(f"'{requirement}' is not a pip requirement ({exc}); write e.g. "
+                                 "datasets==4.0.0") from exc
+        return value
     prepull_image: bool = Field(default=True, description="Pre-pull the image on every node (GPU and system) with a "
                                 "DaemonSet.")
     auth: Literal["token", "disabled"] = Field(
@@ -77,10 +108,14 @@ class StorageConfig(_Strict):
 
     bucket_name: str | None = Field(
         default=None,
-        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
-        description="S3 bucket name (None: '<cluster>-ckpt-<account>-<region>', resolved at deploy and run time).",
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", min_length=3, max_length=63,
+        description="S3 bucket name, 3-63 lowercase letters, digits, '.', '-' (None: "
+                    "'<cluster>-ckpt-<account>-<region>', resolved at deploy and run time).",
+        json_schema_extra=limit("cfn-lint AWS::S3::Bucket.BucketName (max 63, pattern); S3 bucket naming rules"),
     )
-    prefix: str = Field(default="ray-finetune", pattern=r"^[A-Za-z0-9_.-]+$", description="Key prefix the job may use.")
+    prefix: str = Field(default="ray-finetune", pattern=r"^[A-Za-z0-9_.-]+$", max_length=512,
+                        description="Key prefix the job may use.",
+                        json_schema_extra=limit("S3 object keys (1024 bytes), half left to Ray's run directories"))
     removal_policy: Literal["retain", "destroy"] = Field(
         default="retain", description="What `cdk destroy` does to the bucket: retain or destroy (empties it)."
     )
@@ -91,10 +126,12 @@ class StorageConfig(_Strict):
                     "'already exists' and finds the old checkpoints (docs/lifecycle.md).",
     )
     noncurrent_days: int = Field(
-        default=7, ge=1, description="Days before superseded object versions are deleted, days."
+        default=7, ge=1, le=INT32_MAX, description="Days before superseded object versions are deleted, days.",
+        json_schema_extra=limit("S3 NoncurrentDays: a positive botocore integer (32-bit)"),
     )
     checkpoint_expiry_days: int = Field(
-        default=30, ge=1, description="Days before checkpoint objects under the prefix expire, days."
+        default=30, ge=1, le=INT32_MAX, description="Days before checkpoint objects under the prefix expire, days.",
+        json_schema_extra=limit("S3 Expiration Days: a positive botocore integer (32-bit)"),
     )
 
     @model_validator(mode="after")
@@ -103,6 +140,16 @@ class StorageConfig(_Strict):
             raise ValueError("existing_bucket: true with removal_policy: destroy; the stack does not own an "
                              "existing bucket and never deletes it: set removal_policy: retain")
         return self
+
+    @field_validator("bucket_name")
+    @classmethod
+    def _bucket_rules(cls, value: str | None) -> str | None:
+        # S3's general-purpose bucket naming rules beyond the pattern (docs: "Bucket naming rules").
+        if value is not None and (".." in value or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value)
+                                  or value.startswith(("xn--", "sthree-", "amzn-s3-demo-"))
+                                  or value.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3"))):
+            raise ValueError("not a valid S3 bucket name (no '..', no IP address, no reserved prefix or suffix)")
+        return value
 
     @property
     def checkpoint_prefix(self) -> str:

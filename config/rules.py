@@ -13,6 +13,7 @@ from config.ec2 import ec2_problems
 from config.hints import did_you_mean
 from config.resources import _SYSTEM_PODS_CPU_M, _SYSTEM_PODS_MEM_MIB, _allocatable
 from config.s3 import _ACCOUNT_ID_CHARS, S3_BUCKET_NAME_MAX
+from config.subnets import PUBLIC_MASK, carve
 from config.versions import (
     RAY_TOKEN_AUTH_MIN,
     _image_ray_version,
@@ -69,6 +70,7 @@ class RulesMixin:
                 add("network.max_azs", f"{self.network.max_azs} AZs, but {self.region} has {len(region_azs)} "
                     f"({region_azs}); set network.max_azs to at most {len(region_azs)}")
 
+        problems.extend(self._network_problems(region_azs))
         problems.extend(self._kubectl_layer_problems())
         problems.extend(Problem(path=f"observability.{field}", message=message) for field, message in
                         self.observability.problems(system_disk_gib=self.cluster.system_nodes.disk_gib))
@@ -92,8 +94,6 @@ class RulesMixin:
         system_type = catalog.get(system.instance_type)
         if system_type is None:
             add("cluster.system_nodes.instance_type", _unknown_type(system.instance_type, gpu=False))
-        if system.nodes < 1:
-            add("cluster.system_nodes.nodes", "must be at least 1; the Ray head runs there")
         if system_type is not None:
             cpu_m, mem_mib = _allocatable(system_type)
             cpu_m -= _SYSTEM_PODS_CPU_M
@@ -126,6 +126,11 @@ class RulesMixin:
                 add(f"ray.extra_pip_packages.{j}", f"'{requirement}' would replace the image's {name}; "
                     "remove it (the image's torch/ray/transformers/NCCL stack is tested together)")
 
+        if round(self.job.timeout_hours * 3600) < 1:
+            # charts/ray.py rounds it to whole seconds; KubeRay takes 0 as "no deadline" and refuses a negative.
+            add("job.timeout_hours", f"{self.job.timeout_hours} hours rounds to 0 seconds of RayJob "
+                "activeDeadlineSeconds; give at least 1/3600 hour (one second)")
+
         # The world size is derivable only once the groups themselves are valid.
         groups_valid = not problems
         if groups_valid and self.job.sharding == "hybrid" and self.ranks_per_node is None:
@@ -143,6 +148,23 @@ class RulesMixin:
         for field, message in self.job.batch_problems(self.world_size if groups_valid else 1):
             if groups_valid or field != "global_batch_size":
                 add(f"job.{field}", message)
+        return problems
+
+    def _network_problems(self, region_azs: list[str] | None) -> list[Problem]:
+        """NAT gateways against AZs, and the subnets CDK carves from the VPC block (config/subnets.py)."""
+        problems = []
+        net = self.network
+        if net.nat_gateways > net.max_azs:
+            # aws-cdk-lib 2.275.0 aws-ec2/lib/vpc.js determineNatGatewayCount: min(natGateways, AZ count), silently.
+            problems.append(Problem(path="network.nat_gateways", message=(
+                f"{net.nat_gateways} NAT gateways over {net.max_azs} AZs: CDK makes at most one per AZ; set "
+                f"network.nat_gateways to at most {net.max_azs} (network.max_azs)")))
+        azs = min(net.max_azs, len(region_azs)) if region_azs else net.max_azs
+        plan = carve(net.vpc_cidr, azs)
+        if plan.problem:
+            problems.append(Problem(path="network.vpc_cidr", message=(
+                f"{net.vpc_cidr} is too small for {azs} AZs: a /{PUBLIC_MASK} public and a private subnet per AZ "
+                f"{plan.problem}; use a larger block such as 10.0.0.0/16 or fewer network.max_azs")))
         return problems
 
     def _kubectl_layer_problems(self) -> list[Problem]:
@@ -180,10 +202,6 @@ class RulesMixin:
     def _group_problems(self, base: str, group: WorkerGroup) -> list[Problem]:
         problems: list[Problem] = []
         add = lambda path, message: problems.append(Problem(path=path, message=message))  # noqa: E731
-        if group.nodes < 1:
-            add(f"{base}.nodes", "must be at least 1")
-        if group.min_nodes is not None and group.min_nodes < 0:
-            add(f"{base}.min_nodes", "must be 0 or more")
         if self.group_max(group) < max(group.nodes, 1) or self.group_min(group) > group.nodes:
             add(f"{base}.max_nodes", "need min_nodes <= nodes <= max_nodes")
         if group.capacity == "capacity_block" and not group.capacity_reservation_id:

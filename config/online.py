@@ -1,0 +1,203 @@
+"""`python -m config check --online`: what only the network can tell, with every request bounded in time.
+
+Without `--online` nothing here runs: `offline_notes` says in one line each what was skipped. With it:
+
+* the Hub: that a Hugging Face model or dataset id exists (huggingface_hub `model_info` / `dataset_info`);
+* S3: that the `s3://` model or dataset bucket answers (`HeadBucket`);
+* with AWS credentials (boto3's default chain; `AWS_ENDPOINT_URL` points it elsewhere, as the tests do):
+  - the account's vCPU quota for each GPU family (Service Quotas `GetServiceQuota`, EC2's "Running
+    On-Demand ..." / "All ... Spot Instance Requests" quotas, counted in vCPUs) against the vCPUs the
+    worker groups can grow to;
+  - that each GPU instance type is offered in the GPU AZ (EC2 `DescribeInstanceTypeOfferings` with
+    `LocationType=availability-zone`: AZ names map to different zones in each account, so only the
+    account can say);
+  - that each capacity reservation exists, is in the GPU AZ and is for the group's instance type
+    (EC2 `DescribeCapacityReservations`).
+
+A failure of the check itself (no route, a timeout, an API the endpoint does not implement) is a note,
+not a problem: only an answer that the file cannot deploy is a problem.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from config.base import Problem
+from config.model import ClusterConfig
+
+# Seconds for one connection and one read; one retry at most. A dead network costs seconds, not the
+# ~50 s of huggingface_hub's and botocore's default retries.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 10
+
+# EC2's vCPU quotas by instance-family letter (Service Quotas, service code `ec2`), on-demand and spot.
+VCPU_QUOTAS = {
+    ("g", "on_demand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("p", "on_demand"): ("L-417A185B", "Running On-Demand P instances"),
+    ("g", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("p", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
+}
+
+
+@dataclass
+class Findings:
+    """What the online checks found: problems (the file cannot deploy) and notes (what was not checked, why)."""
+
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _hub_sources(config: ClusterConfig) -> dict[str, str]:
+    from config.job_fields import _looks_like_hub_id
+
+    return {name: getattr(config.job, name) for name in ("model", "dataset")
+            if not getattr(config.job, name).startswith("s3://") and _looks_like_hub_id(getattr(config.job, name))
+            and not os.path.exists(getattr(config.job, name))}
+
+
+def offline_notes(config: ClusterConfig) -> list[str]:
+    """One line per check skipped because `--online` was not given."""
+    notes = [f"job.{name} '{value}' is on the Hugging Face Hub: not checked (offline; --online checks it)"
+             for name, value in _hub_sources(config).items()]
+    notes += [f"job.{name} s3://{loc.bucket}/{loc.key}: not checked (offline; --online checks it)"
+              for name, loc in config.job.s3_sources.items()]
+    notes.append("AWS quota, instance offering and capacity reservation: not checked (offline; --online checks "
+                 "them with AWS credentials)")
+    return notes
+
+
+def _boto_config():
+    from botocore.config import Config
+
+    return Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                  retries={"max_attempts": 2, "mode": "standard"})
+
+
+def check_hub(config: ClusterConfig, found: Findings) -> None:
+    """The model and dataset ids exist on the Hub (bounded by READ_TIMEOUT_S per request)."""
+    sources = _hub_sources(config)
+    if not sources:
+        return
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RepositoryNotFoundError
+    except ImportError:
+        found.notes.append("huggingface_hub is not installed: Hub ids not checked")
+        return
+    api = HfApi()
+    for name, repo in sources.items():
+        info = api.model_info if name == "model" else api.dataset_info
+        try:
+            info(repo, timeout=READ_TIMEOUT_S)
+        except RepositoryNotFoundError:
+            found.problems.append(Problem(path=f"job.{name}", message=(
+                f"'{repo}' is not on the Hugging Face Hub (or is private and HF_TOKEN is not set); check the id")))
+        except Exception as exc:  # noqa: BLE001 - no route, timeout, rate limit: not the file's fault
+            found.notes.append(f"job.{name} '{repo}': the Hub did not answer ({type(exc).__name__}); not checked")
+
+
+def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:
+    """S3 sources, GPU quotas, offerings in the GPU AZ, capacity reservations (needs credentials)."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=config.region)
+    if session.get_credentials() is None:
+        found.notes.append("no AWS credentials: S3 sources, quotas, offerings and reservations not checked")
+        return
+    cfg = _boto_config()
+    _check_s3(config, found, session.client("s3", config=cfg))
+    ec2 = session.client("ec2", region_name=config.region, config=cfg)
+    _check_offerings(config, found, ec2)
+    _check_reservations(config, found, ec2)
+    _check_quotas(config, found, session.client("service-quotas", region_name=config.region, config=cfg))
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    response = getattr(exc, "response", None) or {}
+    error = response.get("Error", {})
+    return error.get("Code", type(exc).__name__), error.get("Message", str(exc))
+
+
+def _check_s3(config: ClusterConfig, found: Findings, s3) -> None:
+    for name, location in config.job.s3_sources.items():
+        try:
+            s3.head_bucket(Bucket=location.bucket)
+        except Exception as exc:  # noqa: BLE001 - botocore's ClientError and connection errors alike
+            code, _ = _error(exc)
+            if code in ("404", "NoSuchBucket"):
+                found.problems.append(Problem(path=f"job.{name}", message=(
+                    f"bucket '{location.bucket}' does not exist; check the s3:// URI")))
+            else:
+                found.notes.append(f"job.{name}: bucket '{location.bucket}' not checked ({code})")
+
+
+def _check_offerings(config: ClusterConfig, found: Findings, ec2) -> None:
+    az = config.gpu_availability_zone
+    for i, group in enumerate(config.cluster.worker_groups):
+        try:
+            offers = ec2.describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[{"Name": "location", "Values": [az]},
+                         {"Name": "instance-type", "Values": [group.instance_type]}])["InstanceTypeOfferings"]
+        except Exception as exc:  # noqa: BLE001
+            found.notes.append(f"cluster.worker_groups.{i}.instance_type: offerings not checked ({_error(exc)[0]})")
+            continue
+        if not offers:
+            found.problems.append(Problem(path=f"cluster.worker_groups.{i}.instance_type", message=(
+                f"{group.instance_type} is not offered in {az} for this account (AZ names map to different zones "
+                "per account); pick another gpu_availability_zone or instance type")))
+
+
+def _check_reservations(config: ClusterConfig, found: Findings, ec2) -> None:
+    az = config.gpu_availability_zone
+    for i, group in enumerate(config.cluster.worker_groups):
+        if not group.capacity_reservation_id:
+            continue
+        path = f"cluster.worker_groups.{i}.capacity_reservation_id"
+        try:
+            found_crs = ec2.describe_capacity_reservations(
+                CapacityReservationIds=[group.capacity_reservation_id])["CapacityReservations"]
+        except Exception as exc:  # noqa: BLE001
+            code, message = _error(exc)
+            if code.startswith("InvalidCapacityReservationId"):
+                found.problems.append(Problem(path=path, message=f"{group.capacity_reservation_id}: {message}"))
+            else:
+                found.notes.append(f"{path}: reservation not checked ({code})")
+            continue
+        for cr in found_crs:
+            if cr.get("AvailabilityZone") != az:
+                found.problems.append(Problem(path=path, message=(
+                    f"{group.capacity_reservation_id} is in {cr.get('AvailabilityZone')}, not the GPU AZ {az}; "
+                    f"set gpu_availability_zone: {cr.get('AvailabilityZone')}")))
+            if cr.get("InstanceType") != group.instance_type:
+                found.problems.append(Problem(path=path, message=(
+                    f"{group.capacity_reservation_id} reserves {cr.get('InstanceType')}, not {group.instance_type}")))
+
+
+def _check_quotas(config: ClusterConfig, found: Findings, quotas) -> None:
+    needed: dict[tuple[str, str], int] = {}
+    for group in config.cluster.worker_groups:
+        key = (group.instance_type[0], group.capacity)
+        if key in VCPU_QUOTAS:
+            needed[key] = needed.get(key, 0) + config.group_max(group) * config.instance(group).vcpus
+    for key, vcpus in sorted(needed.items()):
+        code, name = VCPU_QUOTAS[key]
+        try:
+            value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+        except Exception as exc:  # noqa: BLE001
+            found.notes.append(f"quota '{name}' ({code}) not checked ({_error(exc)[0]})")
+            continue
+        if value < vcpus:
+            found.problems.append(Problem(path="cluster.worker_groups", message=(
+                f"the groups can grow to {vcpus} vCPUs of {key[0].upper()} instances ({key[1]}), over the "
+                f"account's quota '{name}' of {value:g} vCPUs; request an increase (Service Quotas {code}) or "
+                "lower max_nodes")))
+
+
+def online_findings(config: ClusterConfig, session=None) -> Findings:
+    """Every online check; problems mean the file cannot deploy from this account."""
+    found = Findings()
+    check_hub(config, found)
+    check_aws(config, found, session)
+    return found

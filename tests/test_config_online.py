@@ -1,0 +1,160 @@
+"""`config check` touches no network unless `--online`; with it, the Hub, S3 and EC2 checks, against loopback servers.
+
+AWS answers come from moto's server on 127.0.0.1 (tests/loopback.py, IAM auth enforced, a user with only
+the read actions the checks need); the Hub is a loopback HTTP server that counts requests, so "offline"
+is shown by zero requests reaching it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.helpers import REPO, write_variant
+from tests.loopback import _OTHER_CREDENTIAL_VARS, only_policy
+
+CHECK_TIMEOUT_S = 120
+NO_AWS = {"AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+# HeadBucket needs s3:ListBucket on AWS; moto 5.2.5 authorizes it as "s3:HeadBucket" (moto/s3/responses.py
+# ACTION_MAP), so the user gets both.
+READ_ACTIONS = ["ec2:DescribeInstanceTypeOfferings", "ec2:DescribeCapacityReservations",
+                "servicequotas:GetServiceQuota", "s3:ListBucket", "s3:HeadBucket"]
+
+
+class _Hub(BaseHTTPRequestHandler):
+    """Answers every request as the Hub answers for a repository that does not exist, and counts them."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.server.paths.append(self.path)
+        body = json.dumps({"error": "Repository not found"}).encode()
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    server.paths = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in _OTHER_CREDENTIAL_VARS and not k.startswith("HF_")}
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env={**base, **env}, capture_output=True,
+                          text=True, timeout=CHECK_TIMEOUT_S)
+
+
+def _hub_env(hub, tmp_path) -> dict[str, str]:
+    return {"HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HF_HOME": str(tmp_path / "hf")}
+
+
+def test_offline_check_names_what_it_skipped_and_sends_nothing(tmp_path, hub):
+    path = write_variant(tmp_path)
+    result = _run(["config", "check", str(path)], _hub_env(hub, tmp_path))
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert any("job.model 'Qwen/Qwen2.5-1.5B' is on the Hugging Face Hub: not checked" in n for n in notes)
+    assert any("job.dataset 'yahma/alpaca-cleaned'" in n for n in notes)
+    assert any("AWS quota, instance offering and capacity reservation: not checked" in n for n in notes)
+    assert hub.paths == []
+
+
+def test_workloads_check_offline_does_not_ask_the_hub_for_the_tokenizer(tmp_path, hub):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"instruction": "hi", "output": "there"}) + "\n")
+    path = write_variant(tmp_path, {"job": {"dataset": str(data)}})
+    result = _run(["workloads.check", str(path)], _hub_env(hub, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert hub.paths == []
+    assert "note: dataset tokens and epochs not counted here" in result.stderr
+
+
+def test_online_check_refuses_a_model_the_hub_does_not_have(tmp_path, hub):
+    path = write_variant(tmp_path)
+    result = _run(["config", "check", str(path), "--online"], {**_hub_env(hub, tmp_path), **NO_AWS})
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: job.model: 'Qwen/Qwen2.5-1.5B' is not on the Hugging Face Hub" in result.stderr
+    assert f"{path}: job.dataset: 'yahma/alpaca-cleaned' is not on the Hugging Face Hub" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert any(p.startswith("/api/models/Qwen/Qwen2.5-1.5B") for p in hub.paths)
+
+
+@pytest.fixture(scope="module")
+def reader(moto_server):
+    keys = moto_server.create_user("config-check-online", only_policy(READ_ACTIONS))
+    moto_server.create_bucket("online-models")
+    return keys
+
+
+def _aws_env(moto_server, keys, tmp_path) -> dict[str, str]:
+    return {**keys.env(), "AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "HF_HOME": str(tmp_path / "hf")}
+
+
+S3_JOB = {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-missing/alpaca/train.jsonl"}}
+
+
+def test_online_check_refuses_a_missing_s3_bucket(tmp_path, moto_server, reader):
+    path = write_variant(tmp_path, {**S3_JOB, "region": "us-west-2", "gpu_availability_zone": "us-west-2a"})
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: job.dataset: bucket 'online-missing' does not exist" in result.stderr
+    assert "job.model:" not in result.stderr
+
+
+def test_online_check_refuses_a_type_not_offered_in_the_gpu_az(tmp_path, moto_server, reader):
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1e"})
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert (f"{path}: cluster.worker_groups.0.instance_type: g6.12xlarge is not offered in us-east-1e"
+            in result.stderr)
+
+
+def test_online_check_accepts_a_type_offered_in_the_gpu_az(tmp_path, moto_server, reader):
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1a"})
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
+    assert result.returncode == 0, result.stderr
+    # moto 5.2.5 implements Service Quotas for the `vpc` service only (moto/servicequotas/models.py): the EC2
+    # GPU quota is reported as not checked, not as a problem.
+    assert "note: quota 'Running On-Demand G and VT instances' (L-DB2E81BA) not checked" in result.stderr
+
+
+def test_online_check_notes_a_reservation_it_cannot_read(tmp_path, moto_server, reader):
+    group = {"capacity": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1a"}, group=group)
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
+    # moto 5.2.5 has no DescribeCapacityReservations: the check says so instead of guessing.
+    assert "note: cluster.worker_groups.0.capacity_reservation_id: reservation not checked" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_online_check_without_credentials_says_so(tmp_path):
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"}})
+    result = _run(["config", "check", str(path), "--online"], NO_AWS)
+    assert result.returncode == 0, result.stderr
+    assert "note: no AWS credentials: S3 sources, quotas, offerings and reservations not checked" in result.stderr
