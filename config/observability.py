@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from config.base import limit
+
 MONITORING_NAMESPACE = "monitoring"
 """Namespace of kube-prometheus-stack and dcgm-exporter."""
 STACK_RELEASE = "kube-prometheus-stack"
@@ -69,15 +71,21 @@ class ObservabilityConfig(BaseModel):
     )
     retention_hours: int = Field(
         default=72, ge=1, le=24 * 30,
+        json_schema_extra=limit("project bound: a month of samples on an emptyDir (Prometheus itself takes any "
+                                "--storage.tsdb.retention.time duration)"),
         description="Hours Prometheus keeps samples, hours (it also drops the oldest past storage_gib).",
     )
     storage_gib: int = Field(
         default=20, ge=2, le=500,
+        json_schema_extra=limit("project bound: at least Prometheus' 2 GiB WAL headroom, at most half of the system "
+                                "node's gp3 root disk (rules.py checks disk_gib)"),
         description="Prometheus' data folder, GiB: an emptyDir on the system node's root disk (lost when the "
                     "pod moves); at most half of cluster.system_nodes.disk_gib.",
     )
     scrape_interval_s: int = Field(
         default=15, ge=1, le=300,
+        json_schema_extra=limit("Prometheus scrape_interval: positive; at most 5 min, past which its 5-minute "
+                                "staleness marks every series stale between scrapes"),
         description="Seconds between scrapes of the Ray pods, nodes and GPUs, seconds.",
     )
     dcgm_exporter: bool = Field(
