@@ -7,6 +7,7 @@ steps (one report with a checkpoint) in a subprocess and reads exactly what reac
 from __future__ import annotations
 
 import logging
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +114,11 @@ def test_demo_entry_point_console_holds_no_ray_lines(tmp_path):
     assert "Loading weights" not in console_text and "Writing model shards" not in console_text
     assert run.stdout.count("train:") >= 1 and "before training:" in run.stdout and "after training:" in run.stdout
     log = out / "ray.log"
-    assert run.stdout.splitlines()[-1] == f"Ray's and the workers' log: {log}"
+    # The console ends with where everything is and what to do next, not a JSON dump (that is summary.json).
+    *_, log_line, next_line = run.stdout.splitlines()
+    assert log_line == f"Ray's and the workers' log: {log}"
+    assert next_line.startswith("next: open loss.png")
+    assert "outputs in " in run.stdout and not any(line.startswith("{") for line in run.stdout.splitlines())
+    assert json.loads((out / "summary.json").read_text())["eval_exact_match_after"] >= 0
     text = log.read_text()
     assert "Reporting training result" in text and "Checkpoint successfully created" in text

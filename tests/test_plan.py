@@ -53,7 +53,7 @@ def test_architecture_table_matches_the_published_parameter_counts():
             model = AutoModelForCausalLM.from_config(arch)
         assert sum(p.numel() for p in model.parameters()) == pytest.approx(expected, rel=0.005), key
     assert table_key("s3://bucket/models/Qwen2.5-7B/") == "qwen2.5-7b"
-    with pytest.raises(ArchitectureError, match="job.model at a directory"):
+    with pytest.raises(ArchitectureError, match="point job.model at a local directory holding it"):
         resolve_architecture("someone/unknown-model-13b")
 
 
