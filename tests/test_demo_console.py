@@ -6,8 +6,8 @@ steps (one report with a checkpoint) in a subprocess and reads exactly what reac
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import os
 import subprocess
 import sys
