@@ -11,6 +11,7 @@ import argparse
 
 from config.catalog import load_catalog
 from config.cli import add_file_argument, chosen_file
+from config.hub import token_warnings
 from config.loader import ConfigError, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
@@ -91,6 +92,8 @@ def warnings(config: ClusterConfig) -> list[str]:
             "nodes started on different days run different builds. Pin its digest: ray.image: "
             f"{config.ray.image}@sha256:<digest> (docker buildx imagetools inspect {config.ray.image}; "
             "docs/lifecycle.md)")
+    # A gated model without a token: a warning, not an error, since the model may be on this machine.
+    out += [f"{w.path}: {w.message}" for w in token_warnings(config.job)]
     return out
 
 

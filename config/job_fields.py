@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from config.base import INT32_MAX, _Strict, limit
+from config.hub import SECRET_NAME_MAX, check_kms_key_arn, check_secret_id
 from config.s3 import S3Location, parse_s3_uri
 
 # A name or column the job passes on as written: not empty, no leading or trailing whitespace.
@@ -39,6 +40,22 @@ class JobConfig(_Strict):
         default="yahma/alpaca-cleaned",
         description="Dataset: hub id, local path, s3://bucket/prefix (read access granted), or a .jsonl/.parquet file.",
         json_schema_extra=limit("Hugging Face repo id (huggingface_hub validate_repo_id), path or s3:// URI")
+    )
+    hf_token_secret: str | None = Field(
+        default=None, max_length=2048,
+        description="AWS Secrets Manager secret (its name, or its complete ARN) whose value is a Hugging Face "
+        "token, for gated or private models and datasets (docs/gated-models.md). The Ray pods may read this "
+        "secret and no other; the token reaches only the job's processes, never a manifest. A name is "
+        f"1-{SECRET_NAME_MAX} ASCII letters, digits and /_+=.@- (botocore's secretsmanager NameType); an ARN "
+        "ends in the name, '-' and the six characters Secrets Manager appends (None: no token).",
+        json_schema_extra=limit("botocore secretsmanager CreateSecret.Name (NameType, 1-512); secret ARN format"),
+    )
+    hf_token_kms_key_arn: str | None = Field(
+        default=None,
+        description="ARN of the customer managed KMS key that encrypts job.hf_token_secret, when it is not "
+        "Secrets Manager's default aws/secretsmanager key: the pods get kms:Decrypt on it through Secrets "
+        "Manager only (None: the default key, which needs no grant).",
+        json_schema_extra=limit("KMS key ARN (arn:PARTITION:kms:REGION:ACCOUNT:key/UUID or mrk-...)"),
     )
     dataset_split: str = Field(
         pattern=r"^\w+(\.\w+)*(\[[^\]]*\])?(\+\w+(\.\w+)*(\[[^\]]*\])?)*$", default="train",
@@ -190,6 +207,16 @@ class JobConfig(_Strict):
             raise ValueError(f"'{value}' is not an MLflow tracking URI; use http(s)://host:port of a tracking "
                              "server, sqlite:///path.db, file:///path or databricks (or null for none)")
         return value
+
+    @field_validator("hf_token_secret")
+    @classmethod
+    def _token_secret(cls, value: str | None) -> str | None:
+        return None if value is None else check_secret_id(value)
+
+    @field_validator("hf_token_kms_key_arn")
+    @classmethod
+    def _token_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_kms_key_arn(value)
 
     @field_validator("model", "dataset")
     @classmethod

@@ -11,6 +11,7 @@ from config.catalog import load_catalog
 from config.cluster_fields import WorkerGroup
 from config.ec2 import ec2_problems
 from config.hints import did_you_mean
+from config.hub import token_problems
 from config.resources import _SYSTEM_PODS_CPU_M, _SYSTEM_PODS_MEM_MIB, _allocatable
 from config.s3 import _ACCOUNT_ID_CHARS, S3_BUCKET_NAME_MAX
 from config.subnets import PUBLIC_MASK, carve
@@ -130,6 +131,8 @@ class RulesMixin:
             # charts/ray.py rounds it to whole seconds; KubeRay takes 0 as "no deadline" and refuses a negative.
             add("job.timeout_hours", f"{self.job.timeout_hours} hours rounds to 0 seconds of RayJob "
                 "activeDeadlineSeconds; give at least 1/3600 hour (one second)")
+
+        problems.extend(token_problems(self.job))
 
         # The world size is derivable only once the groups themselves are valid.
         groups_valid = not problems
