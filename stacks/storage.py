@@ -10,6 +10,7 @@ from constructs import Construct
 
 from config import ClusterConfig
 from config.model import S3Location, StorageConfig
+from stacks.hf_token import grant_hf_token_read
 from stacks.pod_identity import pod_identity_principal
 
 
@@ -28,7 +29,8 @@ def read_statements(field: str, location: S3Location) -> list[iam.PolicyStatemen
 def grant_job_access(role: iam.Role, *, bucket: s3.IBucket, config: ClusterConfig) -> None:
     """What every Ray process needs in S3, on `role`: read/write under `storage.prefix` of the checkpoint
     bucket only, and read-only on the job's `s3://` model and dataset (`job.s3_sources`), each exactly its
-    prefix. The EKS Pod Identity role and the EC2 target's head and worker instance roles get the same."""
+    prefix; and GetSecretValue on `job.hf_token_secret` only (`stacks.hf_token`). The EKS Pod Identity role and
+    the EC2 target's head and worker instance roles get the same."""
     prefix = config.storage.prefix
     role.add_to_policy(iam.PolicyStatement(
         sid="ObjectsUnderPrefix",
@@ -50,6 +52,8 @@ def grant_job_access(role: iam.Role, *, bucket: s3.IBucket, config: ClusterConfi
     for field, location in config.job.s3_sources.items():
         for statement in read_statements(field, location):
             role.add_to_policy(statement)
+    # The Hugging Face token for gated models (job.hf_token_secret): this one secret, read by the job at start.
+    grant_hf_token_read(role, config.job, region=config.region)
 
 
 class StorageStack(cdk.Stack):

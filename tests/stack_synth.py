@@ -32,11 +32,12 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 ADMIN_ROLE = "arn:aws:iam::123456789012:role/Admin"
 
 PUBLIC_CIDRS = ["203.0.113.0/24", "198.51.100.7/32"]
+ALT_KMS_KEY = "arn:aws:kms:us-east-2:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 
 # A variant that flips every switch the default leaves off: a narrowed endpoint, admin access entry,
 # CloudWatch add-on, spot capacity scaling 0..4, two worker groups, two NAT gateways over three AZs,
-# a bucket destroyed with the stack, a model and dataset read from S3, and the Cluster Autoscaler off
-# (fixed groups).
+# a bucket destroyed with the stack, a model and dataset read from S3, a Hugging Face token secret by
+# name under a customer managed key, and the Cluster Autoscaler off (fixed groups).
 ALT = {
     "autoscaling": {"enabled": False},
     "network": {"nat_gateways": 2, "max_azs": 3},
@@ -52,7 +53,8 @@ ALT = {
     },
     "storage": {"removal_policy": "destroy"},
     "job": {"global_batch_size": 48, "model": "s3://my-models/qwen/Qwen2.5-1.5B",
-            "dataset": "s3://my-data/alpaca/train.jsonl"},
+            "dataset": "s3://my-data/alpaca/train.jsonl",
+            "hf_token_secret": "ml/hf-token", "hf_token_kms_key_arn": ALT_KMS_KEY},
 }
 
 VARIANTS = ("default", "p5", "socket", "alt")

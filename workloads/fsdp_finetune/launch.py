@@ -151,10 +151,26 @@ def resume_problem(plan: RunPlan, *, source: str) -> SettingProblem | None:
 
 def refuse(problems: list[SettingProblem]) -> None:
     """Print the problems and exit 2 (the loader's convention) when there are any."""
+    from workloads.hf_token import scrub
+
     if problems:
         for problem in problems:
-            print(problem, file=sys.stderr)
+            print(scrub(str(problem)), file=sys.stderr)
         raise SystemExit(2)
+
+
+def token_problems(job: JobConfig, *, source: str, region: str | None) -> list[SettingProblem]:
+    """Fetch `job.hf_token_secret` into this process ($HF_TOKEN, `workloads.hf_token`), then one bounded
+    metadata request per Hub input (`workloads.preflight.hub`): a missing, unreadable or refused token is
+    reported before any worker starts (within a minute: 2 x 10 s for Secrets Manager, 10 s per request)."""
+    from workloads.hf_token import TokenError, current_token, install_token
+    from workloads.preflight.hub import hub_problems
+
+    try:
+        install_token(job.hf_token_secret, region=region)
+    except TokenError as exc:
+        return [SettingProblem(source, "hf_token_secret", str(exc).removeprefix("job.hf_token_secret: "))]
+    return [SettingProblem(source, field, message) for field, message in hub_problems(job, token=current_token())]
 
 
 def checkpoint_bucket(config: ClusterConfig) -> str:
@@ -380,8 +396,10 @@ def stage(name: str) -> None:
 def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     stage("settings")
     job = config.job if args.max_steps is None else config.job.model_copy(update={"max_steps": args.max_steps})
-    # Settings first: the bucket lookup below needs AWS credentials, and a bad setting should be
-    # reported as such, not hidden behind an STS error.
+    # The Hub token first: the dataset check below may already ask the Hub. Then settings: the bucket
+    # lookup below needs AWS credentials, and a bad setting should be reported as such, not hidden
+    # behind an STS error.
+    refuse(token_problems(job, source=file, region=config.region))
     refuse(validate_job(job, world_size=config.world_size, source=file))
     dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)

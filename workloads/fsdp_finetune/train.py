@@ -26,6 +26,7 @@ from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
 from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name, plan_from
+from workloads.hf_token import install_token
 
 log = logging.getLogger("fsdp_finetune")
 
@@ -244,6 +245,9 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
     check_placement(mesh_plan, node_name(ray.get_runtime_context().get_node_id()))
     mesh = build_mesh(mesh_plan, device.type)
 
+    # The Hub token (job.hf_token_secret) into this process only, through the worker's own AWS
+    # credentials: it never travels through Ray (workloads.hf_token).
+    install_token(job.get("hf_token_secret"))
     path = fetch_weights(job["model"], local_rank=local_rank)
     tokenizer = AutoTokenizer.from_pretrained(path)
     train_ds, held_out_records = build_datasets(_job_for_data(job), tokenizer)
