@@ -30,14 +30,14 @@ DOCS = "docs/gated-models.md"
 # CreateSecret's `Name`: NameType, 1-512 characters (botocore data/secretsmanager/2017-10-17/service-2.json,
 # botocore 1.44.8), "ASCII letters, numbers, and the following characters: /_+=.@-" (same model's doc).
 SECRET_NAME_MAX = 512
-SECRET_NAME_RE = re.compile(r"[A-Za-z0-9/_+=.@-]{1,%d}" % SECRET_NAME_MAX)
+SECRET_NAME_RE = re.compile(rf"[A-Za-z0-9/_+=.@-]{{1,{SECRET_NAME_MAX}}}")
 # A secret's complete ARN: the name, then the '-' and six random characters Secrets Manager appends
 # (Secrets Manager user guide, "Secret ARN": arn:aws:secretsmanager:<Region>:<AccountId>:secret:<Name>-<6 chars>).
 _PARTITION = r"aws(?:-cn|-us-gov|-iso(?:-[a-z])?)?"
 _REGION = r"[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d"
 SECRET_ARN_RE = re.compile(
     rf"arn:(?P<partition>{_PARTITION}):secretsmanager:(?P<region>{_REGION}):(?P<account>\d{{12}}):secret:"
-    r"(?P<name>[A-Za-z0-9/_+=.@-]{1,%d})-(?P<suffix>[A-Za-z0-9]{6})" % SECRET_NAME_MAX)
+    rf"(?P<name>[A-Za-z0-9/_+=.@-]{{1,{SECRET_NAME_MAX}}})-(?P<suffix>[A-Za-z0-9]{{6}})")
 # A KMS key ARN (key id a UUID, or mrk-<32 hex> for a multi-Region key). An alias ARN cannot be an
 # IAM resource for kms:Decrypt (KMS developer guide, "Using aliases to control access": aliases in
 # a policy's Resource element do not control access to the key).

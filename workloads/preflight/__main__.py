@@ -23,7 +23,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from config import load_or_exit
 
-    config = load_or_exit(chosen_file(parser, args))
+    chosen = chosen_file(parser, args)
+    config = load_or_exit(chosen)
+    if not args.local:
+        # The Hub token and access before any GPU work (a local run uses its embedded model).
+        from config.loader import resolve_path
+        from workloads.fsdp_finetune.launch import refuse, token_problems
+
+        refuse(token_problems(config.job, source=str(resolve_path(chosen)), region=config.region))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from workloads.preflight.runner import run_preflight
 
