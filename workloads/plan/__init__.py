@@ -121,11 +121,13 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
 
 
 def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB,
-              flops: tuple[float, float] | None = None, search_smaller: bool = True) -> dict:
+              flops: tuple[float, float] | None = None, search_smaller: bool = True, online: bool = False,
+              token: str | None = None) -> dict:
     """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit.
 
     `flops` reuses an earlier plan's per-micro-batch FLOPs (`flops_per_micro_batch`) for the same model and
     micro-batch; `search_smaller=False` skips the search for the largest micro-batch or sequence that fits.
+    `online`: a Hub model not cached here is read from the Hub (its config.json) with `token`.
     """
     from workloads.fsdp_finetune import metrics
     from workloads.fsdp_finetune.topology import mesh_plan
@@ -133,7 +135,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
 
     started = time.perf_counter()
     job = config.job
-    arch, source = resolve_architecture(job.model)
+    arch, source = resolve_architecture(job.model, online=online, token=token)
     mesh = mesh_plan(config)
     hw = hardware(config)
     accum = config.grad_accumulation

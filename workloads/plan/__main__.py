@@ -28,14 +28,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prediction-out", metavar="FILE",
                         help="also write the predicted tokens/s and MFU as JSON here (the training driver exports "
                              "them to Prometheus beside the measured ones)")
+    parser.add_argument("--online", action="store_true",
+                        help="ask the Hugging Face Hub for a model not cached here, with the token of "
+                             "job.hf_token_secret (read from Secrets Manager with your AWS credentials); a Hub "
+                             "that refuses says which field sets the token (default: no network, the built-in table)")
     args = parser.parse_args(argv)
     if not 0 < args.efficiency <= 1:
         parser.error("--efficiency must be in (0, 1]")
     chosen = chosen_file(parser, args)
     file = str(resolve_path(chosen))
     config = load_or_exit(chosen)
+    token, online = None, False
+    if args.online:
+        token, online, problem = online_token(config)
+        if problem:
+            print(f"{file}: {problem}", file=sys.stderr)
+            return 2
     try:
-        plan = make_plan(config, efficiency=args.efficiency, reserve_gib=args.reserve_gib)
+        plan = make_plan(config, efficiency=args.efficiency, reserve_gib=args.reserve_gib, online=online,
+                         token=token)
     except ArchitectureError as exc:
         print(f"{file}: job.model: {exc}", file=sys.stderr)
         return 0 if args.skip_unknown else 2
@@ -62,6 +73,32 @@ def write_prediction(plan: dict, path: str, *, run_name: str) -> None:
 
     prediction = {"run_name": run_name, "tokens_per_s": plan["tokens_per_s"], "mfu": plan["predicted_mfu"]}
     Path(path).write_text(json.dumps(prediction) + "\n")
+
+
+def online_token(config) -> tuple[str | None, bool, str | None]:
+    """(the job's token or None, whether to read the Hub, a problem line or None): fetch `job.hf_token_secret`
+    with this machine's AWS credentials, then ask the Hub whether that token (or no token) may read `job.model`.
+    A Hub that does not answer is noted and the plan falls back to the cache and the table."""
+    from config.hub import hub_access
+    from workloads.fsdp_finetune.model import is_local_path
+    from workloads.hf_token import TokenError, fetch_token
+
+    job = config.job
+    if is_local_path(job.model) or job.model.startswith("s3://"):
+        return None, False, None
+    token = None
+    if job.hf_token_secret:
+        try:
+            token = fetch_token(job.hf_token_secret, region=config.region)
+        except TokenError as exc:
+            return None, False, str(exc)
+    access = hub_access(job.model, token=token)
+    if access.status in ("needs_token", "denied"):
+        return None, False, f"job.hf_token_secret: {access.message}"
+    if not access.ok:
+        print(f"note: {access.message}; planning from the cache and the table", file=sys.stderr)
+        return None, False, None
+    return token, True, None
 
 
 if __name__ == "__main__":

@@ -54,8 +54,12 @@ def table_key(model: str) -> str:
     return re.sub(r"-instruct$", "", name)
 
 
-def resolve_architecture(model: str):
-    """(Hugging Face config, where it came from) for `job.model`, with no weights and no network."""
+def resolve_architecture(model: str, *, online: bool = False, token: str | None = None):
+    """(Hugging Face config, where it came from) for `job.model`, with no weights.
+
+    No network unless `online`: then a Hub id not in the cache is asked for its config.json, with
+    `token` (the job's, from `job.hf_token_secret`) passed explicitly, before the table is tried.
+    """
     from transformers import AutoConfig
 
     from workloads.fsdp_finetune.model import is_local_path
@@ -66,7 +70,11 @@ def resolve_architecture(model: str):
         try:
             return AutoConfig.from_pretrained(model, local_files_only=True), "hub cache"
         except (OSError, ValueError):
-            pass  # not cached here: fall through to the table
+            pass  # not cached here: fall through to the Hub (online) or the table
+        if online:
+            # token=False: no token of whoever runs the plan, only the job's (what the pods will have).
+            return (AutoConfig.from_pretrained(model, token=token or False),
+                    f"the Hub's config.json{' (with the job token)' if token else ''}")
     fields = KNOWN.get(table_key(model))
     if fields is None:
         raise ArchitectureError(
