@@ -70,10 +70,13 @@ def fetch_token(secret_id: str, *, region: str | None = None) -> str:
         response = client.get_secret_value(SecretId=secret_id)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
-        hint = {"AccessDeniedException": "the pods' role may not read it (redeploy the stacks after setting the "
-                "field; a secret under a customer managed KMS key also needs job.hf_token_kms_key_arn)",
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403 and "AccessDenied" not in code:
+            code = f"AccessDenied (HTTP 403, {code})"  # an error body botocore could not parse, e.g. from a proxy
+        denied = ("the pods' role may not read it (redeploy the stacks after setting the field; a secret under a "
+                  "customer managed KMS key also needs job.hf_token_kms_key_arn)")
+        hint = {"AccessDeniedException": denied, "AccessDenied": denied,
                 "ResourceNotFoundException": "no such secret in this account and region; create it "
-                "(docs/gated-models.md) or fix the name"}.get(code, "")
+                "(docs/gated-models.md) or fix the name"}.get(code.split(" ")[0], "")
         raise TokenError(f"{TOKEN_FIELD}: cannot read secret '{secret_id}': {code}"
                          f"{'; ' + hint if hint else ''}") from None
     except BotoCoreError as exc:
