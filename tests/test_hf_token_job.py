@@ -56,6 +56,9 @@ def secret(moto_server, token):
     moto_server.create_bucket(BUCKET)
     policy = only_policy(["secretsmanager:GetSecretValue"], "*")
     policy["Statement"] += s3_policy(BUCKET)["Statement"]
+    # moto 5.2.5 authorizes HEAD on a bucket as "s3:HeadBucket" (moto/s3/responses.py), where AWS checks
+    # s3:ListBucket; pyarrow's create_dir (Ray Train's StorageContext) sends it. No real IAM action.
+    policy["Statement"].append(only_policy(["s3:HeadBucket"], f"arn:aws:s3:::{BUCKET}")["Statement"][0])
     role = moto_server.create_role("hf-token-pod", policy)
     return {"name": "jobs/hf-token", "arn": arn, "role": role}
 

@@ -48,6 +48,10 @@ class JobSettingError(ValueError):
         self.message = message
         super().__init__(f"job.{field}: {message}")
 
+    def __reduce__(self):
+        # Raised on a Ray worker and unpickled in the driver: rebuild from both arguments.
+        return type(self), (self.field, self.message)
+
 
 # ---- locating and loading ----------------------------------------------------------------
 

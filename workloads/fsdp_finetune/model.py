@@ -13,7 +13,9 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 # Files `from_pretrained` needs; skips the .bin/.pth/.gguf copies some repositories also carry.
-_WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "tokenizer*"]
+# *.jinja: transformers 5 saves the chat template as chat_template.jinja beside tokenizer_config.json
+# (transformers 5.13 utils/hub.py, CHAT_TEMPLATE_FILE); without it the tokenizer has no chat template.
+_WEIGHT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "tokenizer*"]
 
 
 def is_local_path(model: str) -> bool:
