@@ -277,8 +277,10 @@ def test_the_token_is_not_in_the_runs_s3_folder(gated_run, moto_server, token):
     assert holding == []
 
 
-def test_the_token_is_not_in_mlflow_nor_the_hugging_face_cache(gated_run, token):
+def test_the_token_is_not_in_mlflow_nor_the_hugging_face_cache(gated_run, token, monkeypatch):
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the run's store (tests/test_tracking.py says why)
 
     client = MlflowClient(tracking_uri=gated_run["mlruns"].as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("fsdp-finetune").experiment_id])
