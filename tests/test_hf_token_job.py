@@ -236,7 +236,8 @@ def gated_run(moto_server, endpoint, secret, token, assets, tmp_path_factory):
                micro_batch_size=4, global_batch_size=16, warmup_steps=1, checkpoint_every=2, report_every=2,
                eval_every=2, mlflow_tracking_uri=mlruns.as_uri())
     spec = root / "spec.json"
-    spec.write_text(json.dumps({"ray_dir": ray_dir, "out": str(root / "out"), "assets": str(Path(assets.model_dir).parent),
+    spec.write_text(json.dumps({"ray_dir": ray_dir, "out": str(root / "out"),
+                                "assets": str(Path(assets.model_dir).parent),
                                 "storage": f"s3://{BUCKET}/checkpoints", "job": job}))
     try:
         with FakeHub(repo=REPO_ID, token=token, files=Path(assets.model_dir)) as hub:
