@@ -18,7 +18,7 @@ def main(spec_file: str) -> int:
     spec = json.loads(open(spec_file).read())
     import ray
 
-    from workloads.fsdp_finetune.launch import local_plan, refuse, run_training, token_problems
+    from workloads.fsdp_finetune.launch import local_plan, refuse, run_training, token_problems, with_secret_arn
     from workloads.local_ray import LOCAL_WORKERS
 
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
@@ -34,6 +34,7 @@ def main(spec_file: str) -> int:
         plan.export_uri = f"{spec['storage']}/{plan.job.run_name}/model"
         plan.metrics_path = None
         refuse(token_problems(plan.job, source="spec", region=None))
+        plan.job = with_secret_arn(plan.job)  # as _main_cluster does
         driver_has_token = bool(os.environ.get("HF_TOKEN"))
         result = run_training(plan)
         print(json.dumps({"driver_has_token": driver_has_token, "error": repr(result.error) if result.error else None,

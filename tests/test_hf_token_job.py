@@ -34,7 +34,7 @@ from tests.loopback import PodIdentityEndpoint, only_policy, s3_policy
 BUCKET = "hf-token-run"
 REPO_ID = "acme-gated/tiny-chat"
 CHILD_TIMEOUT_S = 60  # the preflight must stop a job within a minute; its child is bounded by that
-RUN_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 300  # the plan's memory simulation and the Ray run: a bound for a loaded machine
 
 
 def _token() -> str:
@@ -88,13 +88,14 @@ def pod_env(endpoint, moto_server, monkeypatch, tmp_path):
     return env
 
 
-def test_install_token_reads_the_secret_through_pod_identity(pod_env, endpoint, token):
-    from workloads.hf_token import current_token, install_token
+def test_install_token_reads_the_secret_through_pod_identity(pod_env, endpoint, token, secret):
+    from workloads.hf_token import current_token, install_token, secret_arn
 
     before = endpoint.authorized_calls
     assert install_token("jobs/hf-token") is True
     assert os.environ["HF_TOKEN"] == token == current_token()
     assert endpoint.authorized_calls > before and set(endpoint.calls) == {endpoint.token}
+    assert secret_arn("jobs/hf-token") == secret["arn"]  # what the driver hands the workers
 
 
 def test_a_json_secret_gives_its_hf_token_key(pod_env, moto_server):
@@ -193,14 +194,14 @@ def assets(tmp_path_factory):
 def test_plan_online_names_the_field_when_the_hub_refuses(pod_env, tmp_path):
     with FakeHub(repo=REPO_ID, token=None) as hub:
         done = _child(["-m", "workloads.plan", str(_gated_file(tmp_path)), "--online"],
-                      {**pod_env, "HF_ENDPOINT": hub.url})
+                      {**pod_env, "HF_ENDPOINT": hub.url}, timeout_s=RUN_TIMEOUT_S)
     assert done.returncode == 2 and "job.hf_token_secret: " in done.stderr and "HTTP 401" in done.stderr
 
 
 def test_plan_online_reads_the_config_from_the_hub_with_the_jobs_token(pod_env, tmp_path, token, assets, secret):
     with FakeHub(repo=REPO_ID, token=token, files=Path(assets.model_dir)) as hub:
         done = _child(["-m", "workloads.plan", str(_gated_file(tmp_path, hf_token_secret=secret["arn"])),
-                       "--online", "--json"], {**pod_env, "HF_ENDPOINT": hub.url})
+                       "--online", "--json"], {**pod_env, "HF_ENDPOINT": hub.url}, timeout_s=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["architecture_source"] == "the Hub's config.json (with the job token)"
@@ -285,7 +286,9 @@ def test_the_token_is_not_in_mlflow_nor_the_hugging_face_cache(gated_run, token,
 
     client = MlflowClient(tracking_uri=gated_run["mlruns"].as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("fsdp-finetune").experiment_id])
-    assert run.data.params["hf_token_secret"] == "jobs/hf-token"  # the secret's name, not its value
+    # The secret's ARN, as the driver resolved the name for the workers; not its value.
+    assert run.data.params["hf_token_secret"].endswith(":secret:jobs/hf-token-" + run.data.params[
+        "hf_token_secret"][-6:]) and run.data.params["hf_token_secret"].startswith("arn:aws:secretsmanager:")
     assert not any(token in v for v in run.data.params.values())
     assert _files_holding(gated_run["mlruns"], token.encode()) == []
     hf_home = gated_run["root"] / "hf-home"

@@ -24,6 +24,7 @@ SECRETS_TIMEOUT_S = 10
 """Seconds to connect to and to read from Secrets Manager (one attempt each, two in all)."""
 
 _installed: set[str] = set()
+_arns: dict[str, str] = {}  # secret id as configured -> the complete ARN Secrets Manager answered with
 
 
 class TokenError(RuntimeError):
@@ -68,6 +69,8 @@ def fetch_token(secret_id: str, *, region: str | None = None) -> str:
     try:
         client = boto3.session.Session(region_name=region).client("secretsmanager", config=cfg)
         response = client.get_secret_value(SecretId=secret_id)
+        if response.get("ARN"):
+            _arns[secret_id] = response["ARN"]
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 403 and "AccessDenied" not in code:
@@ -100,6 +103,12 @@ def install_token(secret_id: str | None, *, region: str | None = None) -> bool:
     _installed.add(token)
     os.environ[TOKEN_ENV] = token
     return True
+
+
+def secret_arn(secret_id: str | None) -> str | None:
+    """The complete ARN of a secret this process has read (a name resolved: its region travels with it, so the
+    workers, which read it again, need no region setting), else `secret_id` as it is."""
+    return _arns.get(secret_id, secret_id) if secret_id else secret_id
 
 
 def current_token() -> str | None:

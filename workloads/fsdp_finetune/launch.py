@@ -159,6 +159,14 @@ def refuse(problems: list[SettingProblem]) -> None:
         raise SystemExit(2)
 
 
+def with_secret_arn(job: JobConfig) -> JobConfig:
+    """`job` with `hf_token_secret` as the complete ARN the driver read (the workers then need no region)."""
+    from workloads.hf_token import secret_arn
+
+    arn = secret_arn(job.hf_token_secret)
+    return job if arn == job.hf_token_secret else job.model_copy(update={"hf_token_secret": arn})
+
+
 def token_problems(job: JobConfig, *, source: str, region: str | None) -> list[SettingProblem]:
     """Fetch `job.hf_token_secret` into this process ($HF_TOKEN, `workloads.hf_token`), then one bounded
     metadata request per Hub input (`workloads.preflight.hub`): a missing, unreadable or refused token is
@@ -400,6 +408,7 @@ def _main_cluster(args, config: ClusterConfig, file: str) -> int:
     # lookup below needs AWS credentials, and a bad setting should be reported as such, not hidden
     # behind an STS error.
     refuse(token_problems(job, source=file, region=config.region))
+    job = with_secret_arn(job)
     refuse(validate_job(job, world_size=config.world_size, source=file))
     dataset_epochs(job, world_size=config.world_size)  # formatted tokens and epochs, before any worker starts
     plan = cluster_plan(config, job=job, storage_path=args.storage_path)
