@@ -199,3 +199,30 @@ def test_an_arn_is_granted_as_it_is_to_any_role_without_kms():
     template.has_resource_properties("AWS::IAM::Policy", {"PolicyDocument": {"Statement": [{
         "Sid": "ReadHfTokenSecret", "Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": ARN}]}})
     assert grant_hf_token_read(role, JobConfig(), region="us-east-2") == []
+
+
+def test_ec2_head_and_worker_instance_roles_read_the_same_secret_nag_clean(tmp_path):
+    """The EC2 target: `grant_job_access` (shared with the Pod Identity role) grants both instance roles."""
+    import json
+
+    import aws_cdk as cdk
+
+    from config import load_config
+    from stacks import build
+
+    config = load_config(write_variant(tmp_path, {"target": "ec2", "job": {"hf_token_secret": ARN}}))
+    app = cdk.App(outdir=str(tmp_path / "cdk.out"))
+    build(app, config, nag=True)
+    app.synth()
+    ec2 = json.loads((tmp_path / "cdk.out" / "ray-efa-ec2.template.json").read_text())
+    granted = set()
+    for res in ec2["Resources"].values():
+        if res["Type"] != "AWS::IAM::Policy":
+            continue
+        for st in res["Properties"]["PolicyDocument"]["Statement"]:
+            if st.get("Sid") == "ReadHfTokenSecret":
+                assert st["Action"] == "secretsmanager:GetSecretValue" and st["Resource"] == ARN
+                granted.update(r["Ref"] for r in res["Properties"]["Roles"])
+    assert all(g.startswith(("HeadRole", "WorkerRole")) for g in granted) and len(granted) == 2
+    report = json.loads((tmp_path / "cdk.out" / "validation-report.json").read_text())
+    assert "ReadHfTokenSecret" not in json.dumps(report)  # cdk-nag raised nothing about the grant
