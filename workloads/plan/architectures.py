@@ -79,8 +79,8 @@ def resolve_architecture(model: str, *, online: bool = False, token: str | None 
     if fields is None:
         raise ArchitectureError(
             f"no architecture known for '{model}' without the network (not a local directory, not in the "
-            f"Hugging Face cache, not in the table of {', '.join(sorted(KNOWN))}); give the plan its config.json: "
-            f"`hf download {model} config.json` once (the plan reads the hub cache; a gated model needs "
-            f"`hf auth login` first), or point job.model at a local directory holding it")
+            f"Hugging Face cache, not in the table of {', '.join(sorted(KNOWN))}); run the plan with --online "
+            f"(a gated model with the token of job.hf_token_secret, docs/gated-models.md), or `hf download {model} "
+            f"config.json` once (the plan reads the hub cache), or point job.model at a local directory holding it")
     fields = copy.deepcopy(fields)  # the config may rewrite rope_scaling in place
     return AutoConfig.for_model(fields.pop("model_type"), **fields), "table (published config.json)"
