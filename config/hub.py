@@ -155,7 +155,7 @@ class HubAccess:
 
 def hub_access(repo: str, *, token: str | None, repo_type: str = "model", endpoint: str | None = None,
                timeout_s: float = HUB_TIMEOUT_S, field: str = "job.model") -> HubAccess:
-    """One metadata request for `repo` (`huggingface_hub.HfApi.repo_info`), bounded by `timeout_s`.
+    """One metadata request for `repo` (the Hub's auth-check, as `HfApi.auth_check`), bounded by `timeout_s`.
 
     `token=None` asks anonymously (what a job without `job.hf_token_secret` sees), never with the
     token of whoever runs this. The endpoint is `endpoint`, else $HF_ENDPOINT read now (huggingface_hub
@@ -163,17 +163,21 @@ def hub_access(repo: str, *, token: str | None, repo_type: str = "model", endpoi
     """
     # huggingface_hub 1.33 (utils/_http.py, hf_raise_for_status): 403 + X-Error-Code GatedRepo is
     # GatedRepoError; 401 on a repo URL, or RepoNotFound, is RepositoryNotFoundError (the Hub answers
-    # 401 to an anonymous request for a private or gated repo as for a missing one); repo_info sends
-    # one GET through the shared client with `timeout` and no retries (hf_api.py, HfApi.repo_info).
+    # 401 to an anonymous request for a private or gated repo as for a missing one). One GET, no retries.
     import httpx
-    from huggingface_hub import HfApi
+    from huggingface_hub import constants
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
-    auth = token if token else False
+    endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     where = f"{field} '{repo}'"
     try:
-        HfApi(endpoint=endpoint, token=auth).repo_info(repo, repo_type=repo_type, timeout=timeout_s, token=auth)
+        # HfApi.auth_check's request (huggingface_hub 1.33 hf_api.py: GET {endpoint}/api/{type}s/{repo}/auth-check,
+        # then hf_raise_for_status), sent here with a timeout, which auth_check does not take. Not repo_info:
+        # a gated repository's metadata is public, only auth-check says whether this token may read its files.
+        response = get_session().get(f"{endpoint}/api/{repo_type}s/{repo}/auth-check",
+                                     headers=build_hf_headers(token=token if token else False), timeout=timeout_s)
+        hf_raise_for_status(response)
     except GatedRepoError:
         if token:
             return HubAccess("denied", f"{where}: the token in {TOKEN_FIELD} may not read this gated repository; "

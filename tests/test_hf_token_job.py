@@ -167,7 +167,7 @@ def test_preflight_stops_without_a_token_when_the_hub_refuses(pod_env, tmp_path)
     assert done.returncode == 2, done.stderr
     assert (f"{file}: job.hf_token_secret: '{REPO_ID}' is refused without a token (HTTP 401" in done.stderr)
     assert "set job.hf_token_secret to its name or ARN" in done.stderr
-    assert _repo_requests(hub) == [("GET", f"/api/models/{REPO_ID}", False)]  # one metadata request
+    assert _repo_requests(hub) == [("GET", f"/api/models/{REPO_ID}/auth-check", False)]  # one request
 
 
 def test_preflight_stops_on_a_token_the_hub_refuses(pod_env, moto_server, tmp_path):
@@ -181,7 +181,7 @@ def test_preflight_stops_on_a_token_the_hub_refuses(pod_env, moto_server, tmp_pa
     assert f"{file}: job.hf_token_secret: job.model '{REPO_ID}': the Hub refuses the token in " \
            "job.hf_token_secret (HTTP 401)" in done.stderr
     assert bad not in done.stdout + done.stderr
-    assert _repo_requests(hub) == [("GET", f"/api/models/{REPO_ID}", False)]
+    assert _repo_requests(hub) == [("GET", f"/api/models/{REPO_ID}/auth-check", False)]
 
 
 @pytest.fixture(scope="module")
