@@ -1,6 +1,6 @@
 """Before any GPU work: the Hub lets this job read its model (and its Hub dataset) with the token it has.
 
-One metadata request per repository (`config.hub.hub_access`, `HfApi.repo_info`), each bounded by
+One metadata request per repository (`config.hub.hub_access`, the Hub's auth-check), each bounded by
 `HUB_TIMEOUT_S`; with the Secrets Manager read before it (`workloads.hf_token`, 2 x 10 s at worst)
 a missing or refused token stops the job well within a minute, naming `job.hf_token_secret`.
 A Hub that does not answer is only noted: the workers' own downloads will say more, and an offline
