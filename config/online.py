@@ -81,20 +81,44 @@ def check_hub(config: ClusterConfig, found: Findings) -> None:
         return
     try:
         from huggingface_hub import HfApi
-        from huggingface_hub.errors import RepositoryNotFoundError
+        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
     except ImportError:
         found.notes.append("huggingface_hub is not installed: Hub ids not checked")
         return
+    from config.hub import TOKEN_FIELD, _status, hub_access, needs_token_message
+
     api = HfApi()
+    secret = config.job.hf_token_secret
     for name, repo in sources.items():
         info = api.model_info if name == "model" else api.dataset_info
         try:
             info(repo, timeout=READ_TIMEOUT_S)
-        except RepositoryNotFoundError:
-            found.problems.append(Problem(path=f"job.{name}", message=(
-                f"'{repo}' is not on the Hugging Face Hub (or is private and HF_TOKEN is not set); check the id")))
+        except (RepositoryNotFoundError, HfHubHTTPError) as exc:
+            if not isinstance(exc, RepositoryNotFoundError) and _status(exc) not in (401, 403):
+                found.notes.append(f"job.{name} '{repo}': the Hub answered HTTP {_status(exc)}; not checked")
+                continue
+            # The Hub answers 401 to an anonymous request for a private or gated repository, 404 for a missing one.
+            if _status(exc) in (401, 403) and not secret:
+                found.problems.append(Problem(path=TOKEN_FIELD, message=needs_token_message(
+                    repo, f"is refused without a token (HTTP {_status(exc)}: private or gated)")))
+            elif _status(exc) in (401, 403):
+                found.notes.append(f"job.{name} '{repo}': needs the token in {TOKEN_FIELD}, which the preflight and "
+                                   "`python -m workloads.plan --online` check")
+            else:
+                found.problems.append(Problem(path=f"job.{name}", message=(
+                    f"'{repo}' is not on the Hugging Face Hub; check the id (a private repository needs "
+                    f"{TOKEN_FIELD}: docs/gated-models.md)")))
+            continue
         except Exception as exc:  # noqa: BLE001 - no route, timeout, rate limit: not the file's fault
             found.notes.append(f"job.{name} '{repo}': the Hub did not answer ({type(exc).__name__}); not checked")
+            continue
+        if secret:
+            continue  # whether the token reads it: plan --online and the preflight, which can fetch the secret
+        # A gated repository's metadata is public; only its auth-check says a token is needed for the files.
+        access = hub_access(repo, token=None, repo_type=name if name == "dataset" else "model",
+                            timeout_s=READ_TIMEOUT_S, field=f"job.{name}")
+        if access.status == "needs_token":
+            found.problems.append(Problem(path=TOKEN_FIELD, message=access.message))
 
 
 def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:

@@ -158,3 +158,14 @@ def test_online_check_without_credentials_says_so(tmp_path):
     result = _run(["config", "check", str(path), "--online"], NO_AWS)
     assert result.returncode == 0, result.stderr
     assert "note: no AWS credentials: S3 sources, quotas, offerings and reservations not checked" in result.stderr
+
+
+def test_online_check_names_the_token_field_for_a_gated_model(tmp_path):
+    from tests.hub_server import FakeHub
+
+    with FakeHub(repo="meta-llama/Llama-3.2-1B", token="hf_right") as gated:
+        path = write_variant(tmp_path, {"job": {"model": "meta-llama/Llama-3.2-1B", "dataset": "/tmp/none.jsonl"}})
+        env = {"HF_ENDPOINT": gated.url, "HF_HOME": str(tmp_path / "hf"), **NO_AWS}
+        result = _run(["config", "check", str(path), "--online"], env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}: job.hf_token_secret: " in result.stderr and "Traceback" not in result.stderr
