@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import tempfile
 import traceback
 import types
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from config import ClusterConfig
-from tests.helpers import REPO, default_data
+from tests.helpers import default_data
 
 # Warnings cfn-lint may give on this project's templates, each for the reason in tests/test_stacks_compliance.py.
 ACCEPTED_WARNINGS = {"W3005", "W3010"}
@@ -176,7 +175,6 @@ def write(data: dict, directory: Path, name: str = "cluster.yaml") -> Path:
 
 def deploys(path: Path, workdir: Path) -> list[str]:
     """Build an accepted file as a deploy would; the problems found (empty: it synthesizes and lints clean)."""
-    import aws_cdk as cdk
     from cfnlint.api import ManualArgs, lint_file
 
     from charts.__main__ import synthesize
@@ -185,10 +183,11 @@ def deploys(path: Path, workdir: Path) -> list[str]:
 
     config = load_config(path)
     problems = []
-    context = json.loads((REPO / "cdk.json").read_text()).get("context", {})
     outdir = Path(tempfile.mkdtemp(prefix="cdk-", dir=workdir))
     try:
-        app = cdk.App(outdir=str(outdir), context=context)
+        from tests.helpers import cdk_app
+
+        app = cdk_app(outdir=str(outdir))
         build(app, config)
         app.synth()
     except Exception as exc:  # noqa: BLE001 - jsii raises a generic error

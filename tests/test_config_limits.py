@@ -24,7 +24,7 @@ from config.base import INT32_MAX
 from config.cluster_fields import INSTANCE_TYPE_PATTERN
 from config.reference import constraint_text
 from config.subnets import carve
-from tests.helpers import REPO, default_data
+from tests.helpers import REPO, cdk_app, default_data
 
 KUBERAY = REPO.parent / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
 
@@ -256,7 +256,7 @@ def test_subnet_carve_matches_cdk():
     from aws_cdk import aws_ec2 as ec2
 
     cases = [("10.0.0.0/16", 2), ("10.0.0.0/20", 3), ("172.16.0.0/22", 3)]
-    app = cdk.App()
+    app = cdk_app()
     for i, (cidr, azs) in enumerate(cases):
         stack = cdk.Stack(app, f"S{i}", env=cdk.Environment(account="123456789012", region="us-east-2"))
         ec2.Vpc(stack, "Vpc", ip_addresses=ec2.IpAddresses.cidr(cidr), nat_gateways=1,
@@ -280,7 +280,7 @@ def test_vpc_too_small_is_refused_like_cdk(cidr: str, azs: int):
     from aws_cdk import aws_ec2 as ec2
 
     assert carve(cidr, azs).problem
-    stack = cdk.Stack(cdk.App(), "S", env=cdk.Environment(account="123456789012", region="us-east-2"))
+    stack = cdk.Stack(cdk_app(), "S", env=cdk.Environment(account="123456789012", region="us-east-2"))
     with pytest.raises(Exception, match="exceeds remaining space|not a valid"):
         ec2.Vpc(stack, "Vpc", ip_addresses=ec2.IpAddresses.cidr(cidr), nat_gateways=1,
                 availability_zones=[f"us-east-2{c}" for c in "abc"[:azs]],

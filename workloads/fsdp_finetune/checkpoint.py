@@ -179,14 +179,38 @@ def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | 
         dist.barrier()
 
 
+# Seconds an S3 request may go without a byte before it fails, and to connect. The AWS C++ SDK inside pyarrow
+# defaults to 3 s (ClientConfiguration.requestTimeoutMs, which Arrow maps from S3Options.request_timeout and curl
+# enforces as "Less than 1 bytes/sec transferred the last 3 seconds"): a node whose CPUs are all training, or a
+# checkpoint part queued behind others, stalls that long and the whole fit fails in Ray's checkpoint upload.
+S3_REQUEST_TIMEOUT_S = 60.0
+S3_CONNECT_TIMEOUT_S = 10.0
+
+
+def patient(fs):
+    """`fs` with S3's request and connect timeouts raised (above); any other filesystem as it is.
+
+    Rebuilt from the options pyarrow itself pickles it with (`S3FileSystem.__reduce__`), so the region,
+    endpoint and credentials that `FileSystem.from_uri` resolved are kept.
+    """
+    import pyarrow.fs as pafs
+
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    rebuild, (options,) = fs.__reduce__()
+    return rebuild({**options, "request_timeout": S3_REQUEST_TIMEOUT_S, "connect_timeout": S3_CONNECT_TIMEOUT_S})
+
+
 def filesystem(location: str):
-    """(pyarrow filesystem, path) for a local path or a URI: pyarrow's own (s3://...), else fsspec's (memory://...)."""
+    """(pyarrow filesystem, path) for a local path or a URI: pyarrow's own (s3://..., `patient`), else fsspec's
+    (memory://...)."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
     if "://" in location:
         try:
-            return pafs.FileSystem.from_uri(location)
+            fs, path = pafs.FileSystem.from_uri(location)
+            return patient(fs), path
         except pa.ArrowInvalid:  # a scheme pyarrow lacks: through fsspec, as Ray Train's storage does
             import fsspec
 

@@ -243,11 +243,25 @@ def build_trainer(plan: RunPlan, **extra):
                                      resources_per_worker=resources),
         run_config=RunConfig(
             name=job.run_name,
-            storage_path=plan.storage_path,
+            **_ray_storage(plan.storage_path),
             failure_config=FailureConfig(max_failures=job.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints),
         ),
     )
+
+
+def _ray_storage(storage_path: str) -> dict:
+    """`RunConfig`'s storage: on S3 the filesystem itself, with `checkpoint.patient`'s timeouts (Ray would build
+    pyarrow's default one from the URI, whose 3 s stall limit can fail a fit mid-upload); elsewhere the path."""
+    import pyarrow.fs as pafs
+
+    from workloads.fsdp_finetune.checkpoint import filesystem
+
+    if storage_path.startswith("s3://"):
+        fs, path = filesystem(storage_path)
+        if isinstance(fs, pafs.S3FileSystem):
+            return {"storage_path": path, "storage_filesystem": fs}
+    return {"storage_path": storage_path}
 
 
 def run_training(plan: RunPlan, **extra):

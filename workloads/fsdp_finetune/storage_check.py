@@ -1,8 +1,8 @@
 """Write, read back and delete one object in the job's storage, the way Ray Train will reach it.
 
-Ray Train 2.58 resolves its `storage_path` with `pyarrow.fs.FileSystem.from_uri` (ray/train/v2/
-_internal/execution/storage.py `get_fs_and_path`) and uploads every checkpoint through that
-filesystem, so its credentials come from the AWS C++ SDK inside pyarrow, not from boto3: on EKS,
+Ray Train 2.58 uploads every checkpoint through a pyarrow filesystem: the one `RunConfig` hands it (on S3,
+`checkpoint.filesystem`'s: `FileSystem.from_uri` with longer timeouts), else the one it resolves itself with
+`FileSystem.from_uri` (ray/train/v2/_internal/execution/storage.py `get_fs_and_path`), so its credentials come from the AWS C++ SDK inside pyarrow, not from boto3: on EKS,
 Pod Identity's container endpoint (AWS_CONTAINER_CREDENTIALS_FULL_URI + the token file), which an
 old SDK does not know (apache/arrow#45603, ray#50823) and which has no IMDS fallback with a hop
 limit of 1. Checking through the same call, before the preflight and before any training step,
@@ -21,9 +21,10 @@ def storage_problem(storage_path: str, run_name: str) -> str | None:
     """Why the job cannot write its checkpoints to `storage_path`, or None when a round trip works."""
     import pyarrow.fs as pafs
 
+    from workloads.fsdp_finetune.checkpoint import filesystem
+
     try:
-        fs, root = pafs.FileSystem.from_uri(storage_path) if "://" in storage_path else (
-            pafs.LocalFileSystem(), storage_path)
+        fs, root = filesystem(storage_path) if "://" in storage_path else (pafs.LocalFileSystem(), storage_path)
     except Exception as exc:  # noqa: BLE001 - any resolution error is the answer
         return f"{storage_path}: cannot open ({type(exc).__name__}: {exc})"
     folder = f"{root.rstrip('/')}/{run_name}/{PROBE_DIR}"
