@@ -2,7 +2,8 @@
 
 Ray Train 2.58 uploads every checkpoint through a pyarrow filesystem: the one `RunConfig` hands it (on S3,
 `checkpoint.filesystem`'s: `FileSystem.from_uri` with longer timeouts), else the one it resolves itself with
-`FileSystem.from_uri` (ray/train/v2/_internal/execution/storage.py `get_fs_and_path`), so its credentials come from the AWS C++ SDK inside pyarrow, not from boto3: on EKS,
+`FileSystem.from_uri` (ray/train/v2/_internal/execution/storage.py `get_fs_and_path`), so its credentials
+come from the AWS C++ SDK inside pyarrow, not from boto3: on EKS,
 Pod Identity's container endpoint (AWS_CONTAINER_CREDENTIALS_FULL_URI + the token file), which an
 old SDK does not know (apache/arrow#45603, ray#50823) and which has no IMDS fallback with a hop
 limit of 1. Checking through the same call, before the preflight and before any training step,
