@@ -12,7 +12,7 @@ from aws_cdk.assertions import Match, Template
 from config import ConfigError
 from config.hub import SECRET_NAME_MAX, gated_family, secret_iam_resource, token_warnings
 from config.model import JobConfig
-from tests.helpers import load_variant, write_variant
+from tests.helpers import cdk_app, load_variant, write_variant
 from tests.stack_synth import ALT_KMS_KEY, synth
 
 ARN = "arn:aws:secretsmanager:us-east-2:123456789012:secret:ml/hf-token-AbC123"
@@ -191,7 +191,7 @@ def test_an_arn_is_granted_as_it_is_to_any_role_without_kms():
 
     from stacks.hf_token import grant_hf_token_read
 
-    stack = cdk.Stack(cdk.App(), "Grant")
+    stack = cdk.Stack(cdk_app(), "Grant")
     role = iam.Role(stack, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"))
     added = grant_hf_token_read(role, JobConfig(hf_token_secret=ARN), region="us-east-2")
     assert len(added) == 1
@@ -205,13 +205,11 @@ def test_ec2_head_and_worker_instance_roles_read_the_same_secret_nag_clean(tmp_p
     """The EC2 target: `grant_job_access` (shared with the Pod Identity role) grants both instance roles."""
     import json
 
-    import aws_cdk as cdk
-
     from config import load_config
     from stacks import build
 
     config = load_config(write_variant(tmp_path, {"target": "ec2", "job": {"hf_token_secret": ARN}}))
-    app = cdk.App(outdir=str(tmp_path / "cdk.out"))
+    app = cdk_app(outdir=str(tmp_path / "cdk.out"))
     build(app, config, nag=True)
     app.synth()
     ec2 = json.loads((tmp_path / "cdk.out" / "ray-efa-ec2.template.json").read_text())

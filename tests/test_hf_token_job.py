@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, write_variant
+from tests.helpers import REPO, cdk_app, write_variant
 from tests.hub_server import FakeHub
 from tests.loopback import PodIdentityEndpoint, only_policy, s3_policy
 
@@ -298,7 +298,6 @@ def test_the_token_is_not_in_mlflow_nor_the_hugging_face_cache(gated_run, token,
 
 def test_the_token_is_not_in_dist_cdk_out_or_the_runtime_env(tmp_path, token, monkeypatch):
     """Even with HF_TOKEN in the synthesizing process's environment (a user who exported it)."""
-    import aws_cdk as cdk
 
     from charts.__main__ import synthesize
     from charts.ray import runtime_env_json
@@ -312,7 +311,7 @@ def test_the_token_is_not_in_dist_cdk_out_or_the_runtime_env(tmp_path, token, mo
     assert written and _files_holding(tmp_path / "dist", token.encode()) == []
     assert "jobs/hf-token" in (tmp_path / "dist").joinpath(written[0].name).read_text() or any(
         "jobs/hf-token" in p.read_text() for p in written)
-    app = cdk.App(outdir=str(tmp_path / "cdk.out"))
+    app = cdk_app(outdir=str(tmp_path / "cdk.out"))
     build(app, config)
     app.synth()
     assert any((tmp_path / "cdk.out").glob("*.template.json"))
