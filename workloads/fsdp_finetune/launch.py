@@ -375,7 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         refuse([SettingProblem("--max-steps", "max_steps", f"must be positive, got {args.max_steps}")])
     if args.local:
         return _main_local(args, config)
-    return _main_cluster(args, config, str(file))
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return _main_cluster(args, config, str(file))
+    except BotoCoreError as exc:  # no credentials, no route to AWS: one line, not botocore's traceback
+        print(f"{file}: cannot reach AWS ({type(exc).__name__}: {exc}); a cluster run needs the job's AWS credentials "
+              "(Pod Identity on EKS, the instance profile on EC2). On this machine: python -m workloads.fsdp_finetune "
+              "--local", file=sys.stderr)
+        return 2
 
 
 def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage_path: str | None = None,

@@ -45,4 +45,24 @@ def hub_problems(job, *, token: str | None, timeout_s: float = HUB_TIMEOUT_S) ->
             problems.append(("hf_token_secret", access.message))
         elif not access.ok:
             log.warning("%s; the workers will try", access.message)
+            if access.status == "unreachable":
+                _offline_here()
+                break  # the other inputs would only wait for the same timeout
     return problems
+
+
+def _offline_here() -> None:
+    """No more Hub requests from this process (the driver's own dataset and tokenizer checks would each retry
+    for about half a minute); the workers, other processes, still try. huggingface_hub and datasets read their
+    offline switch at call time from these module constants (huggingface_hub constants.py, datasets config.py)."""
+    import sys
+
+    from huggingface_hub import constants
+
+    constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+    else:
+        import datasets
+
+        datasets.config.HF_HUB_OFFLINE = True
