@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 from kubernetes.utils import parse_quantity
 
+from tests.placement import tolerates  # k8s.io/api/core/v1 `Toleration.ToleratesTaint`, one copy
+
 NODE_TEMPLATE = "k8s.io/cluster-autoscaler/node-template/"
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 _TAINT_VALUE = re.compile(r"(.*):(?:NoSchedule|NoExecute|PreferNoSchedule)")
@@ -154,17 +156,6 @@ def pod_requests(pod_spec: dict) -> dict[str, object]:
     return total
 
 
-def _tolerates(toleration: dict, taint: dict) -> bool:
-    """k8s.io/api/core/v1 `Toleration.ToleratesTaint`."""
-    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
-        return False
-    if toleration.get("key") and toleration["key"] != taint["key"]:
-        return False
-    if toleration.get("operator", "Equal") == "Exists":
-        return True
-    return toleration.get("value", "") == taint.get("value", "")
-
-
 def _matches(expression: dict, labels: dict[str, str]) -> bool:
     key, op, values = expression["key"], expression["operator"], expression.get("values", [])
     return {"In": lambda: labels.get(key) in values, "NotIn": lambda: labels.get(key) not in values,
@@ -188,6 +179,6 @@ def misfits(pod_spec: dict, node: Node) -> list[str]:
         out.append("required node affinity: no term matches")
     for taint in node.taints:
         if taint["effect"] in ("NoSchedule", "NoExecute") and not any(
-                _tolerates(t, taint) for t in pod_spec.get("tolerations", [])):
+                tolerates(t, taint) for t in pod_spec.get("tolerations", [])):
             out.append(f"taint {taint['key']}={taint['value']}:{taint['effect']} not tolerated")
     return out
