@@ -338,7 +338,21 @@ def _moto_child() -> None:
     os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
     from moto import settings
     from moto.core.authorization import ActionAuthenticatorMixin
+    from moto.moto_server import werkzeug_app
     from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    # moto 5.2.5's dispatcher picks the backend under one lock for the whole server, and may read the request
+    # body while holding it (werkzeug_app.py `get_application` -> `infer_service_region_host` -> `_get_body`):
+    # one upload whose body stalls (a Ray worker killed mid-checkpoint) then blocks every other request,
+    # which real S3 never does. The lock only guards a cache of per-service Flask apps, whose state lives in
+    # moto's global backends, so a duplicate app from a race is harmless.
+    dispatcher_init = werkzeug_app.DomainDispatcherApplication.__init__
+
+    def unlocked_init(self, *args, **kwargs):
+        dispatcher_init(self, *args, **kwargs)
+        self.lock = contextlib.nullcontext()
+
+    werkzeug_app.DomainDispatcherApplication.__init__ = unlocked_init
 
     # No auth while the admin identity is made, through the server itself like any client ...
     settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")

