@@ -258,7 +258,10 @@ def _ray_storage(storage_path: str) -> dict:
     from workloads.fsdp_finetune.checkpoint import filesystem
 
     if storage_path.startswith("s3://"):
-        fs, path = filesystem(storage_path)
+        try:
+            fs, path = filesystem(storage_path)  # resolves the bucket's region: a request to S3
+        except OSError:  # no route or no bucket from here: Ray resolves the URI itself at fit, as before
+            return {"storage_path": storage_path}
         if isinstance(fs, pafs.S3FileSystem):
             return {"storage_path": path, "storage_filesystem": fs}
     return {"storage_path": storage_path}
