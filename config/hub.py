@@ -185,7 +185,7 @@ def hub_access(repo: str, *, token: str | None, repo_type: str = "model", endpoi
                              "of an account that has")
         return HubAccess("needs_token", needs_token_message(repo, "is gated on the Hub (HTTP 403 without a token)"))
     except RepositoryNotFoundError as exc:
-        status = _status(exc)
+        status = http_status(exc)
         if token:
             return HubAccess("denied", f"{where}: the Hub answers HTTP {status} with the token in {TOKEN_FIELD}: "
                              "the token is invalid or may not read the repository (or it does not exist); "
@@ -193,7 +193,7 @@ def hub_access(repo: str, *, token: str | None, repo_type: str = "model", endpoi
         return HubAccess("needs_token", needs_token_message(
             repo, f"is refused without a token (HTTP {status}: private, gated or missing)"))
     except HfHubHTTPError as exc:
-        status = _status(exc)
+        status = http_status(exc)
         if status in (401, 403):
             if token:
                 return HubAccess("denied", f"{where}: the Hub refuses the token in {TOKEN_FIELD} (HTTP {status}); "
@@ -206,5 +206,6 @@ def hub_access(repo: str, *, token: str | None, repo_type: str = "model", endpoi
     return HubAccess("ok", f"{where}: readable{' with the token' if token else ' without a token'}")
 
 
-def _status(exc: Exception) -> int | None:
+def http_status(exc: Exception) -> int | None:
+    """The HTTP status of a huggingface_hub error (None when it carries no response)."""
     return getattr(getattr(exc, "response", None), "status_code", None)

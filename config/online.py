@@ -85,7 +85,7 @@ def check_hub(config: ClusterConfig, found: Findings) -> None:
     except ImportError:
         found.notes.append("huggingface_hub is not installed: Hub ids not checked")
         return
-    from config.hub import TOKEN_FIELD, _status, hub_access, needs_token_message
+    from config.hub import TOKEN_FIELD, http_status, hub_access, needs_token_message
 
     api = HfApi()
     secret = config.job.hf_token_secret
@@ -94,14 +94,14 @@ def check_hub(config: ClusterConfig, found: Findings) -> None:
         try:
             info(repo, timeout=READ_TIMEOUT_S)
         except (RepositoryNotFoundError, HfHubHTTPError) as exc:
-            if not isinstance(exc, RepositoryNotFoundError) and _status(exc) not in (401, 403):
-                found.notes.append(f"job.{name} '{repo}': the Hub answered HTTP {_status(exc)}; not checked")
+            if not isinstance(exc, RepositoryNotFoundError) and http_status(exc) not in (401, 403):
+                found.notes.append(f"job.{name} '{repo}': the Hub answered HTTP {http_status(exc)}; not checked")
                 continue
             # The Hub answers 401 to an anonymous request for a private or gated repository, 404 for a missing one.
-            if _status(exc) in (401, 403) and not secret:
+            if http_status(exc) in (401, 403) and not secret:
                 found.problems.append(Problem(path=TOKEN_FIELD, message=needs_token_message(
-                    repo, f"is refused without a token (HTTP {_status(exc)}: private or gated)")))
-            elif _status(exc) in (401, 403):
+                    repo, f"is refused without a token (HTTP {http_status(exc)}: private or gated)")))
+            elif http_status(exc) in (401, 403):
                 found.notes.append(f"job.{name} '{repo}': needs the token in {TOKEN_FIELD}, which the preflight and "
                                    "`python -m workloads.plan --online` check")
             else:
