@@ -15,6 +15,7 @@ from config.hub import token_warnings
 from config.loader import ConfigError, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
+from config.versions import image_tag_moves
 
 
 def plan(config: ClusterConfig) -> str:
@@ -84,14 +85,14 @@ def warnings(config: ClusterConfig) -> list[str]:
             f"associate-access-policy --cluster-name {config.cluster.name} --principal-arn <your role ARN> "
             "--policy-arn arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy "
             "--access-scope type=cluster (docs/lifecycle.md)")
-    if not config.ray.image_by_digest:
-        # DLC releases are tagged major.minor only (aws/deep-learning-containers docs/ray/changelog/index.md:
-        # release v1.4.0 is tag serve-ml-cuda-v1.4), and a patch release moves the tag.
+    if not config.ray.image_by_digest and image_tag_moves(config.ray.image):
+        # DLC releases carry a moving major.minor tag and one patch-level tag each (aws/deep-learning-containers
+        # docs/ray-train/changelog/index.md): only the latter, or a digest, names one build.
         out.append(
-            f"ray.image {config.ray.image} is pinned by tag only: a republished tag and the IfNotPresent pull let "
-            "nodes started on different days run different builds. Pin its digest: ray.image: "
-            f"{config.ray.image}@sha256:<digest> (docker buildx imagetools inspect {config.ray.image}; "
-            "docs/lifecycle.md)")
+            f"ray.image {config.ray.image} is a tag that can move: a republished tag and the IfNotPresent pull let "
+            "nodes started on different days run different builds. Pin a release tag (the DLC's -vX.Y.Z) or the "
+            f"digest: ray.image: {config.ray.image}@sha256:<digest> (docker buildx imagetools inspect "
+            f"{config.ray.image}; docs/lifecycle.md)")
     # A gated model without a token: a warning, not an error, since the model may be on this machine.
     out += [f"{w.path}: {w.message}" for w in token_warnings(config.job)]
     return out

@@ -40,7 +40,7 @@ class RayConfig(_Strict):
     """Ray, KubeRay and the container image."""
 
     image: str = Field(
-        default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+        default="public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0",
         description="Container image for head and workers, pinned by tag or digest (repo@sha256:... or "
                     "repo:tag@sha256:...; never built). A tag can be republished: pin the digest (docs/lifecycle.md).",
         json_schema_extra=limit("OCI reference: a tag other than latest, or sha256 digest of 64 hex digits"),
@@ -97,7 +97,7 @@ class RayConfig(_Strict):
                 raise ValueError("malformed digest; pin it as repo@sha256:<64 lowercase hex digits>")
             return value
         if not name or "/" in tag or not tag:
-            raise ValueError("image has no tag; pin it, e.g. ...:train-ml-cuda-v1.1")
+            raise ValueError("image has no tag; pin it, e.g. ...:train-ml-cuda-v1.1.0")
         if tag == "latest":
             raise ValueError("image pinned to 'latest' drifts between nodes; pin a versioned tag")
         return value

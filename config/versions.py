@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import re
 
-# Images whose Ray version is known. A rayproject/ray:X.Y.Z tag is parsed instead.
+# Images whose Ray version is known. A rayproject/ray:X.Y.Z tag is parsed instead. The Ray Train DLC's tags and
+# bundled versions per release: aws/deep-learning-containers docs/ray-train/changelog/index.md (77223f78):
+# "Ray Train v1.1 - 2026-09-01, Tags: train-ml-cuda, train-ml-cuda-v1, train-ml-cuda-v1.1, train-ml-cuda-v1.1.0,
+# Bundled versions: Ray 2.58.0 ..."; v1.0 (2026-08-26) the same with -v1.0 and -v1.0.0. The unversioned and
+# major-only tags move to the next release, whatever Ray it carries, so they are not listed.
+DLC_RAY = "public.ecr.aws/deep-learning-containers/ray"
 KNOWN_IMAGES: dict[str, str] = {
-    "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1": "2.58.0",
+    f"{DLC_RAY}:train-ml-cuda-v1.0": "2.58.0",
+    f"{DLC_RAY}:train-ml-cuda-v1.0.0": "2.58.0",
+    f"{DLC_RAY}:train-ml-cuda-v1.1": "2.58.0",
+    f"{DLC_RAY}:train-ml-cuda-v1.1.0": "2.58.0",
 }
+# The DLC's patch-level tag (-vX.Y.Z) names one release; the shorter tags of the same changelog entry move with
+# each later release, so nodes pulling IfNotPresent on different days would run different builds.
+_DLC_RELEASE_TAG = re.compile(r".*-v\d+\.\d+\.\d+")
+
+
+def image_tag_moves(image: str) -> bool:
+    """Whether `image` (no digest) names a tag its publisher moves: a DLC tag short of -vX.Y.Z, or any tag of
+    another publisher, whose policy this project does not know."""
+    name, _, tag = image.rpartition(":")
+    return not (name == DLC_RAY and _DLC_RELEASE_TAG.fullmatch(tag))
 
 # KubeRay refuses authOptions.mode token for older Ray (its validation, 1.7.0).
 RAY_TOKEN_AUTH_MIN = (2, 52, 0)

@@ -87,7 +87,7 @@ def test_default_reproduces_reference_setup():
     assert config.region == "us-east-2" and config.gpu_availability_zone.startswith("us-east-2")
     assert (group.instance_type, group.nodes, group.gpus_per_pod) == ("g6.12xlarge", 2, 4)
     assert config.nccl.transport == "efa"
-    assert config.ray.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    assert config.ray.image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0"
     assert (config.ray.ray_version, config.ray.kuberay_version) == ("2.58.0", "1.7.0")
     assert config.job.model == "Qwen/Qwen2.5-1.5B"
     assert config.ray.extra_pip_packages == []

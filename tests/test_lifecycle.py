@@ -41,25 +41,42 @@ def test_config_check_is_quiet_about_access_with_an_admin_role(tmp_path, capsys)
 
 # ---- the image pin -------------------------------------------------------------------------------
 
-TAG = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+TAG = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1.0"
 PINNED = f"{TAG}@sha256:{'ab' * 32}"
+MOVING = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 
 
-def test_config_check_warns_about_a_tag_only_image(capsys):
+def test_the_default_image_is_the_dlc_release_tag_and_gets_no_warning(capsys):
     from config.__main__ import main
 
     assert main(["check"]) == 0
+    assert "can move" not in capsys.readouterr().out
+
+
+def test_config_check_warns_about_a_moving_dlc_tag(tmp_path, capsys):
+    from config.__main__ import main
+    from tests.helpers import write_variant
+
+    assert main(["check", str(write_variant(tmp_path, {"ray": {"image": MOVING}}))]) == 0
     out = capsys.readouterr().out
-    assert f"warning: ray.image {TAG} is pinned by tag only" in out
-    assert f"{TAG}@sha256:<digest>" in out
+    assert f"warning: ray.image {MOVING} is a tag that can move" in out
+    assert f"{MOVING}@sha256:<digest>" in out
+
+
+def test_config_check_warns_about_another_publishers_tag(tmp_path, capsys):
+    from config.__main__ import main
+    from tests.helpers import write_variant
+
+    assert main(["check", str(write_variant(tmp_path, {"ray": {"image": "rayproject/ray:2.58.0-py313-gpu"}}))]) == 0
+    assert "warning: ray.image rayproject/ray:2.58.0-py313-gpu is a tag that can move" in capsys.readouterr().out
 
 
 def test_a_tag_pinned_by_digest_gets_no_warning(tmp_path, capsys):
     from config.__main__ import main
     from tests.helpers import write_variant
 
-    assert main(["check", str(write_variant(tmp_path, {"ray": {"image": PINNED}}))]) == 0
-    assert "pinned by tag only" not in capsys.readouterr().out
+    assert main(["check", str(write_variant(tmp_path, {"ray": {"image": f"{MOVING}@sha256:{'ab' * 32}"}}))]) == 0
+    assert "can move" not in capsys.readouterr().out
 
 
 def test_a_tag_pinned_by_digest_keeps_the_tags_ray_version(tmp_path):
