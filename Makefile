@@ -14,6 +14,7 @@ VERBOSE ?=
 # supports; docs/setup.md "Node.js". `make setup` says in one line when the Node found is outside them, so
 # jsii's multi-line banner, which would repeat it on every synth, is silenced for that version.
 NODE_SUPPORTED := 22 24
+# The same list as charts/__main__.py JSII_SUPPORTED_NODE (tests/test_cdk8s_cli.py keeps them equal).
 NODE_MAJOR := $(shell node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := $(NODE_MAJOR)
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1

@@ -71,3 +71,15 @@ def test_app_keeps_existing_output_on_a_bad_file(tmp_path):
     assert f"{bad}: cluster.kubernetes_version: use a current EKS version" in result.stderr
     assert (out / "ray-cluster.k8s.yaml").read_text() == "previous: manifest\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "dist"]
+
+
+def test_make_setup_and_the_synth_note_name_the_same_node_majors():
+    """The Makefile's `tools` check and `python -m charts`' note both say which Node.js majors jsii supports:
+    one list may not move without the other."""
+    import re
+
+    from charts.__main__ import JSII_SUPPORTED_NODE
+
+    makefile = (REPO / "Makefile").read_text()
+    majors = re.search(r"^NODE_SUPPORTED := (.+)$", makefile, re.MULTILINE).group(1).split()
+    assert tuple(majors) == JSII_SUPPORTED_NODE
