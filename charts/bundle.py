@@ -152,8 +152,11 @@ def follow_script() -> str:
         "set -uo pipefail",
         'ADDR="http://${RAY_DASHBOARD_ADDRESS#http://}"',
         'ID="$RAY_JOB_SUBMISSION_ID"',
-        'job_status() { ray job status --address "$ADDR" "$ID" 2>/dev/null '
-        '| grep -oE "(PENDING|RUNNING|STOPPED|SUCCEEDED|FAILED)" | tail -n 1; }',
+        # The status from the Jobs API's client, not `ray job status`'s text: for an ended job that prints
+        # "Job 'ID' succeeded" / "failed" / "was stopped" (ray 2.58.0 dashboard/modules/job/cli.py
+        # `_log_job_status`), never the status word, so a grep would take every ended job for unreachable.
+        "job_status() { python -c 'import sys; from ray.job_submission import JobSubmissionClient as C; "
+        "print(C(sys.argv[1]).get_job_status(sys.argv[2]).value)' \"$ADDR\" \"$ID\" 2>/dev/null; }",
         'if [ -z "$(job_status)" ]; then',
         f'  {DASHBOARD_ADDRESS_ENV}="$ADDR" bash {MOUNT_PATH}/{SUBMIT_SCRIPT} --no-wait --submission-id "$ID" '
         "|| exit 1",

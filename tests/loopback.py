@@ -554,6 +554,94 @@ class PrometheusServer:
         return self.api("targets", state="active")["activeTargets"]
 
 
+
+# ---- a proxy that drops one stream (issue 19: a log stream lost mid-run) -------------------------------------
+
+DROP_TIMEOUT_S = 120.0
+
+
+@register("dropping_proxy")
+class DroppingProxy:
+    """A TCP proxy on 127.0.0.1 (port 0) in front of `upstream` (http://host:port) that cuts one connection.
+
+    The first connection whose request carries `path_marker` (e.g. b"/logs/tail", the Jobs API's WebSocket
+    log stream) is forwarded until the upstream's bytes to it contain `after`; then both sides are closed
+    without a WebSocket close frame, as a dashboard restart or an idle-timeout proxy would. Every other
+    connection is forwarded untouched. `dropped` counts the cuts; threads end with the sockets, and
+    `__exit__` closes whatever is still open.
+    """
+
+    def __init__(self, upstream: str, *, path_marker: bytes, after: bytes, drops: int = 1):
+        import socket
+
+        host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
+        self._upstream = (host, int(port))
+        self._marker, self._after, self._budget = path_marker, after, drops
+        self._lock = threading.Lock()
+        self._sockets: list = []
+        self.dropped = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def __enter__(self) -> DroppingProxy:
+        threading.Thread(target=self._accept, daemon=True, name="dropping-proxy").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._upstream, timeout=DROP_TIMEOUT_S)
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._connection, args=(client, upstream), daemon=True).start()
+
+    def _connection(self, client, upstream) -> None:
+        request = client.recv(65536)
+        with self._lock:
+            cut = bool(request) and self._marker in request and self.dropped < self._budget
+            if cut:
+                self.dropped += 1  # claimed now, so a second stream opened meanwhile is left alone
+        upstream.sendall(request)
+        threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
+        self._pump(upstream, client, self._after if cut else None)
+
+    @staticmethod
+    def _pump(source, sink, cut_after: bytes | None) -> None:
+        import socket
+
+        seen = b""
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+                if cut_after is not None:
+                    seen = (seen + data)[-65536:]
+                    if cut_after in seen:
+                        break
+        except OSError:
+            pass
+        # shutdown, not just close: the other direction's thread is blocked in recv() on these sockets, and a
+        # close alone would not send the FIN until that call returns.
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["moto"]:
         _moto_child()
