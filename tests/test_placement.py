@@ -1,6 +1,7 @@
 """Every DaemonSet, Deployment and Ray pod can be placed where it must run, checked against the real charts.
 
-For each shipped variable file (config/cluster.yaml and config/examples/*) the CDK app is synthesized, each
+For each shipped variable file (config/cluster.yaml and config/examples/*), and tests/stack_synth.py's "alt"
+variant (the only one with the CloudWatch add-on on), the CDK app is synthesized, each
 pinned chart (../shared/charts, verified by charts/vendored.py) is rendered by the helm of the kubectl Lambda's
 layer (tests/helm.py) with exactly the values in the template's `Custom::AWSCDK-EKS-HelmChart` resources and the
 node monitoring agent add-on's `ConfigurationValues`, and the Ray manifests come from the cdk8s app (what
