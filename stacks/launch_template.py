@@ -22,14 +22,18 @@ ROOT_DEVICE = "/dev/xvda"
 _MIME_BOUNDARY = "==RAYEFA=="
 # A pod's packets to IMDS cross one more hop (the pod's veth) than the node's own: with a limit of
 # 1 the answer never reaches a pod, so no pod can read the node role's credentials. The CloudWatch
-# agent of the amazon-cloudwatch-observability add-on reads IMDS too. From chart 6.2.0 it runs on the
-# host network (`agent.hostNetwork: true`, aws-observability/helm-charts ffea3d4 "Release 6.2.0",
-# charts/amazon-cloudwatch-observability/values.yaml; 4.8.0 and 5.4.0 have no such key and the agent's
-# custom resource leaves hostNetwork unset), so its requests are the node's own and 1 is enough. An
-# older pinned add-on (add-on vX.Y.Z ships chart X.Y.Z) keeps the agent in the pod network: 2 then.
+# agent of the amazon-cloudwatch-observability add-on reads IMDS too, and runs on the host network
+# from chart 2.0.0 (aws-observability/helm-charts 0595aa2 "Add hostNetwork: true for cloudwatch agent
+# pod on linux", released in c7a51ba "Release 2.0.0"): `hostNetwork: true` is written into the
+# agent's template itself, templates/linux/cloudwatch-agent-custom-resource.yaml at tags 4.8.0,
+# 4.10.3 and 5.4.0 (6.2.0, ffea3d4, only turned it into the value `agent.hostNetwork`, default true),
+# and the operator copies it into the agent's DaemonSet (aws/amazon-cloudwatch-agent-operator v3.3.2,
+# the one chart 4.10.3 installs: internal/manifests/collector/daemonset.go `HostNetwork`). Its
+# fluent-bit DaemonSet is on the host network too. So its requests are the node's own and 1 is
+# enough; only an add-on older than 2.0.0 (add-on vX.Y.Z ships chart X.Y.Z) would need 2.
 IMDS_HOP_LIMIT = 1
 IMDS_HOP_LIMIT_POD_AGENT = 2
-CLOUDWATCH_HOST_NETWORK_SINCE = (6, 2, 0)
+CLOUDWATCH_HOST_NETWORK_SINCE = (2, 0, 0)
 
 
 def cloudwatch_agent_on_host_network(kubernetes_version: str) -> bool:

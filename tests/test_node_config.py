@@ -14,6 +14,10 @@ import pytest
 import yaml
 
 from config.k8s import ROLE_LABEL, WORKER_GROUP_LABEL
+from stacks.launch_template import cloudwatch_agent_on_host_network
+from stacks.versions import MANAGED_ADDON_VERSIONS
+from tests.helpers import EXAMPLES
+from tests.managed_addons import CLOUDWATCH_AGENT, READ_AT
 from tests.stack_synth import synth
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
@@ -91,3 +95,34 @@ def test_gpu_nodes_on_nvme_keep_the_baseline_root_throughput():
         if name != "system":
             assert _node_config(data)["spec"]["instance"]["localStorage"]["strategy"] == "RAID0"
             assert "Throughput" not in data["BlockDeviceMappings"][0]["Ebs"]
+
+
+# ---- IMDS hop limit (issue 17, point 6) ---------------------------------------------------------
+# config/cluster.yaml and every example as shipped (tests/stack_synth.py's "socket" variant changes only the
+# endpoint and the bucket).
+SHIPPED = ["default", *sorted(p.stem for p in EXAMPLES.glob("*.yaml"))]
+
+
+def _hop_limits(variant: str) -> set[int]:
+    return {d["MetadataOptions"]["HttpPutResponseHopLimit"] for d in _launch_templates(variant).values()}
+
+
+@pytest.mark.parametrize("variant", SHIPPED)
+def test_every_shipped_file_keeps_pods_off_imds(variant):
+    assert not synth(variant).config.cluster.cloudwatch_observability
+    assert _hop_limits(variant) == {1}
+
+
+def test_cloudwatch_add_on_keeps_the_hop_limit_at_one():
+    """The "alt" variant turns `cluster.cloudwatch_observability` on: the pinned add-on's agent and fluent-bit run
+    on the host network (stacks/launch_template.py), so no pod needs IMDS."""
+    assert synth("alt").config.cluster.cloudwatch_observability
+    assert _hop_limits("alt") == {1}
+
+
+def test_hop_limit_rule_agrees_with_the_pinned_cloudwatch_agent_pod():
+    """The placement model's CloudWatch agent pod (tests/managed_addons.py, read from the pinned chart) is on the
+    host network, as the hop limit rule assumes for the pinned version."""
+    version = MANAGED_ADDON_VERSIONS["1.34"]["amazon-cloudwatch-observability"]
+    assert READ_AT["amazon-cloudwatch-observability"] == version
+    assert CLOUDWATCH_AGENT["hostNetwork"] is cloudwatch_agent_on_host_network("1.34") is True

@@ -1,6 +1,7 @@
 """Every DaemonSet, Deployment and Ray pod can be placed where it must run, checked against the real charts.
 
-For each shipped variable file (config/cluster.yaml and config/examples/*) the CDK app is synthesized, each
+For each shipped variable file (config/cluster.yaml and config/examples/*), and tests/stack_synth.py's "alt"
+variant (the only one with the CloudWatch add-on on), the CDK app is synthesized, each
 pinned chart (../shared/charts, verified by charts/vendored.py) is rendered by the helm of the kubectl Lambda's
 layer (tests/helm.py) with exactly the values in the template's `Custom::AWSCDK-EKS-HelmChart` resources and the
 node monitoring agent add-on's `ConfigurationValues`, and the Ray manifests come from the cdk8s app (what
@@ -9,8 +10,9 @@ declares, with nodeadm's allocatable less the DaemonSets on each node (tests/pla
 
 Adding a chart: one line in charts/vendored.py CHARTS, and one line per DaemonSet/Deployment it renders in
 PLACEMENT below (a rendered workload without a line fails `test_every_rendered_workload_has_a_placement_rule`).
-The other managed add-ons (vpc-cni, kube-proxy, coredns, eks-pod-identity-agent, CloudWatch) ship no chart
-here, so their pods are not in the model.
+The other managed add-ons (vpc-cni, kube-proxy, coredns, eks-pod-identity-agent, and amazon-cloudwatch-observability
+when the file turns it on) ship no chart here: their pods come from tests/managed_addons.py, which restates them
+from upstream sources for the pinned add-on versions, keyed `<namespace>/<name>`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from config.k8s import EFA_RESOURCE, GPU_RESOURCE
 from stacks.versions import NODE_MONITORING_AGENT_CHART
 from tests.helm import template as helm_template
 from tests.helpers import EXAMPLES
+from tests.managed_addons import ADDON_WORKLOADS, READ_AT, REPLICAS
 from tests.placement import (
     NodeGroup,
     Workload,
@@ -46,6 +49,8 @@ pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.
 # config/cluster.yaml (the "default" variant) and every example. tests/stack_synth.py's "socket" variant is the
 # example with a private-only endpoint, which changes nothing here.
 SHIPPED = ["default", *sorted(p.stem for p in EXAMPLES.glob("*.yaml"))]
+# No shipped file turns `cluster.cloudwatch_observability` on; tests/stack_synth.py's "alt" variant does.
+FILES = [*SHIPPED, "alt"]
 
 # Where each rendered workload must run: "all" node groups, every "gpu" group, "system" nodes only (and never a
 # GPU node), or "none" (a DaemonSet for nodes this project never labels).
@@ -69,6 +74,18 @@ PLACEMENT = {
     "Deployment/kps-operator": "system",
     "Deployment/kps-grafana": "system",
     "Deployment/kube-prometheus-stack-kube-state-metrics": "system",
+    # EKS managed add-ons without a chart here (tests/managed_addons.py). CoreDNS tolerates no GPU taint, so it must
+    # find room on the system nodes before anything that resolves a name can start.
+    "DaemonSet/kube-system/aws-node": "all",
+    "DaemonSet/kube-system/kube-proxy": "all",
+    "DaemonSet/kube-system/eks-pod-identity-agent": "all",
+    "Deployment/kube-system/coredns": "system",
+    "Deployment/amazon-cloudwatch/amazon-cloudwatch-observability-controller-manager": "system",
+    "DaemonSet/amazon-cloudwatch/cloudwatch-agent": "all",
+    "DaemonSet/amazon-cloudwatch/fluent-bit": "all",
+    "DaemonSet/amazon-cloudwatch/dcgm-exporter": "gpu",
+    # Trainium and Inferentia types only.
+    "DaemonSet/amazon-cloudwatch/neuron-monitor": "none",
 }
 # Rendered only when the file asks for it.
 PRESENT_WHEN = {
@@ -80,6 +97,8 @@ PRESENT_WHEN = {
     "Deployment/kps-operator": lambda c: c.observability.enabled,
     "Deployment/kps-grafana": lambda c: c.observability.enabled,
     "Deployment/kube-prometheus-stack-kube-state-metrics": lambda c: c.observability.enabled,
+    **{f"{w.kind}/{w.name}": lambda c: c.cluster.cloudwatch_observability
+       for w in ADDON_WORKLOADS["amazon-cloudwatch-observability"]},
 }
 # Extended resources a device plugin advertises on the nodes its DaemonSet runs on.
 ADVERTISED = {"DaemonSet/nvidia-device-plugin": GPU_RESOURCE, "DaemonSet/aws-efa-k8s-device-plugin": EFA_RESOURCE}
@@ -116,6 +135,12 @@ def releases(name: str) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def addons(name: str) -> dict[str, dict]:
+    """The template's managed add-ons: name -> properties."""
+    return {res["Properties"]["AddonName"]: res["Properties"]
+            for res in synth(name).templates["cluster"]["Resources"].values() if res["Type"] == "AWS::EKS::Addon"}
+
+
 @cache
 def config_of(name: str) -> ClusterConfig:
     return synth(name).config
@@ -130,9 +155,10 @@ def dist_objects(name: str) -> list[dict]:
 
 @cache
 def all_workloads(name: str) -> list[Workload]:
-    """Every DaemonSet and Deployment: the rendered charts', then dist/'s."""
+    """Every DaemonSet and Deployment: the rendered charts', the chartless managed add-ons', then dist/'s."""
     kube_version = config_of(name).cluster.kubernetes_version
     rendered = [w for rel in releases(name) for w in _render(*rel, kube_version)]
+    rendered += [w for addon in addons(name) for w in ADDON_WORKLOADS.get(addon, [])]
     # dist/'s objects are named after the cluster; the rule is per role (`ray-efa-image-prepull` -> `image-prepull`).
     prefix = f"{config_of(name).cluster.name}-"
     return rendered + [replace(w, name=w.name.removeprefix(prefix)) for w in workloads(dist_objects(name), "dist")]
@@ -182,18 +208,27 @@ def fmt(need: dict) -> str:
     return ", ".join(f"{k} short by {float(v):g}" for k, v in sorted(need.items()))
 
 
-CASES = [(f, k) for f in SHIPPED for k in PLACEMENT]
+CASES = [(f, k) for f in FILES for k in PLACEMENT]
 
 
 # ---- the charts are the pinned copies ----------------------------------------------------------
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
 def test_every_chart_the_template_installs_is_a_pinned_copy(name):
     folders = [rel[0] for rel in releases(name)]
     assert folders and all(f in CHARTS for f in folders), [f for f in folders if f not in CHARTS]
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
+def test_chartless_addon_pods_were_read_for_the_pinned_add_on_version(name):
+    """Every managed add-on the template installs, but the node monitoring agent (whose chart is rendered), has its
+    pods in tests/managed_addons.py, read for exactly the version the template pins."""
+    pinned = {addon: props.get("AddonVersion") for addon, props in addons(name).items()
+              if addon != "eks-node-monitoring-agent"}
+    assert pinned == {addon: READ_AT.get(addon) for addon in pinned}
+
+
+@pytest.mark.parametrize("name", FILES)
 def test_every_rendered_workload_has_a_placement_rule(name):
     assert {w.key for w in all_workloads(name)} <= set(PLACEMENT), \
         sorted({w.key for w in all_workloads(name)} - set(PLACEMENT))
@@ -221,13 +256,13 @@ def test_system_workload_is_never_placed_on_a_gpu_node(name, key):
     assert not on_gpu, f"{key} could be placed on GPU node group(s) {on_gpu}"
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
 def test_ray_head_is_placed_on_system_nodes_only(name):
     for kind, pods in ray_pods(name).items():
         assert [g.is_gpu for g in groups(name) if placeable(pods["head"], g)] == [False], kind
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
 def test_each_ray_worker_group_is_placed_on_its_own_node_group_only(name):
     for kind, pods in ray_pods(name).items():
         for group_name, spec in pods.items():
@@ -237,7 +272,7 @@ def test_each_ray_worker_group_is_placed_on_its_own_node_group_only(name):
 
 # ---- requests against allocatable ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
 def test_daemonsets_fit_the_allocatable_of_every_node(name):
     for group in groups(name):
         left = free_for_pods(group, all_workloads(name), ADVERTISED)
@@ -254,7 +289,17 @@ def test_system_deployment_fits_a_system_node_beside_its_daemonsets(name, key):
         assert not need, f"{key} on {group.name}: {fmt(need)}"
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize(("name", "key"), [(f, k) for f in FILES for k in REPLICAS])
+def test_every_replica_of_an_addon_deployment_fits_one_system_node_beside_its_daemonsets(name, key):
+    """CoreDNS's pod anti-affinity is only preferred, so both its replicas may share a system node."""
+    w = workload(name, key)
+    for group in targets(name, "system"):
+        need = shortfall([pod_requests(w.pod_spec)] * REPLICAS[key],
+                         free_for_pods(group, all_workloads(name), ADVERTISED))
+        assert not need, f"{REPLICAS[key]} x {key} on {group.name}: {fmt(need)}"
+
+
+@pytest.mark.parametrize("name", FILES)
 def test_ray_head_fits_a_system_node_beside_its_daemonsets(name):
     """The RayJob's head includes KubeRay's submitter sidecar."""
     for kind, pods in ray_pods(name).items():
@@ -263,7 +308,7 @@ def test_ray_head_fits_a_system_node_beside_its_daemonsets(name):
             assert not need, f"{kind} head on {group.name} ({group.instance_type}): {fmt(need)}"
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", FILES)
 def test_ray_workers_of_a_node_fit_its_allocatable_beside_its_daemonsets(name):
     """`pods_per_node` worker pods on one node: CPU, memory, pod slots, and the GPUs, EFA devices and huge
     pages the device plugins and the node's user data make allocatable."""

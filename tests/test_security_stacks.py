@@ -80,9 +80,9 @@ def test_imds_hop_limit_is_one_unless_the_pinned_cloudwatch_agent_runs_in_a_pod(
                                            "HttpEndpoint": "enabled"}
 
 
-@pytest.mark.parametrize(("pin", "host_network"), [("v4.10.3-eksbuild.1", False), ("v6.1.9-eksbuild.1", False),
-                                                    ("v6.2.0-eksbuild.1", True), ("v6.4.0-eksbuild.2", True)])
-def test_cloudwatch_agent_on_host_network_from_chart_6_2(monkeypatch, pin, host_network):
+@pytest.mark.parametrize(("pin", "host_network"), [("v1.9.0-eksbuild.1", False), ("v2.0.0-eksbuild.1", True),
+                                                    ("v4.10.3-eksbuild.1", True), ("v6.2.0-eksbuild.1", True)])
+def test_cloudwatch_agent_on_host_network_from_chart_2_0(monkeypatch, pin, host_network):
     import stacks.versions as versions
 
     monkeypatch.setitem(versions.MANAGED_ADDON_VERSIONS, "1.34",
