@@ -77,10 +77,13 @@ if [ "${1:-}" = --once ]; then
   exit 0
 fi
 
-# As the pod's sidecar: stop at once on SIGTERM (sleep runs in the background so the trap fires during it).
-trap 'exit 0' TERM INT
+# As the pod's sidecar: stop at once on SIGTERM (the shell is the container's PID 1, which ignores signals it has
+# no trap for; sleep runs in the background so the trap fires during it, and is stopped with it).
+sleeper=
+trap '[ -z "$sleeper" ] || kill "$sleeper" 2>/dev/null; exit 0' TERM INT
 while :; do
   write
   sleep "$interval" &
-  wait $!
+  sleeper=$!
+  wait "$sleeper"
 done

@@ -303,8 +303,7 @@ def test_every_overview_query_parses_with_promtool(tmp_path):
 
 def test_gpu_and_efa_panels_name_the_metrics_they_need():
     needs = {t.needs for p in dashboards.OVERVIEW_PANELS for t in p.targets if t.source != "ray"}
-    assert needs == {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "node_amazonefa_tx_bytes",
-                     "node_amazonefa_rx_bytes", "ray_fsdp_mfu"}
+    assert needs == {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "node_efa_hw_counter_total", "ray_fsdp_mfu"}
     for panel in dashboards.OVERVIEW_PANELS:
         for target in panel.targets:
             assert target.needs in target.expr, target
