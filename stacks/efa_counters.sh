@@ -22,7 +22,7 @@ set -u
 
 sysfs=${EFA_SYSFS:-/sys}
 out_dir=${EFA_TEXTFILE_DIR:-}
-interval=${EFA_INTERVAL_S:-15}
+interval=${EFA_INTERVAL_S-15}
 metric=node_efa_hw_counter_total
 
 fail() { echo "efa-counters: $*" >&2; exit 2; }
