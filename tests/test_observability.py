@@ -25,6 +25,8 @@ from config import load_config
 from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, RAY_CLUSTER_LABEL, system_node_labels
 from config.observability import (
     DASHBOARD_LABEL,
+    EFA_HOST_SYS,
+    EFA_TEXTFILE_DIR,
     GRAFANA_SERVICE,
     MONITORING_NAMESPACE,
     PROMETHEUS_NAME,
@@ -34,7 +36,13 @@ from config.observability import (
     RAY_METRICS_PORT,
     RUN_NAME_LABEL,
 )
-from stacks.observability import dcgm_exporter_values, kube_prometheus_stack_values
+from stacks.observability import (
+    EFA_SCRIPT,
+    EFA_SIDECAR,
+    STACK_NODE_EXPORTER_ARGS,
+    dcgm_exporter_values,
+    kube_prometheus_stack_values,
+)
 from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
 from tests.helm import template as helm_template
 from tests.helpers import REPO, write_variant
@@ -128,6 +136,64 @@ def test_stack_runs_on_the_system_nodes_and_node_exporter_on_every_node(stack_ob
     for name, spec in found.items():
         assert spec["nodeSelector"] == system_node_labels(), name
         assert not spec.get("tolerations"), name
+
+
+# The EFA counters sidecar in node exporter's pod (docs/observability.md, "EFA"; tests/test_efa_counters.py runs
+# its script against a real node exporter and Prometheus).
+
+
+def _node_exporter(stack_objects) -> tuple[dict, dict, dict]:
+    """(pod spec, node exporter's container, the EFA sidecar) of the rendered DaemonSet."""
+    spec = workloads_of(stack_objects)[f"DaemonSet/{KUBE_PROMETHEUS_STACK.release}-prometheus-node-exporter"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    return spec, containers["node-exporter"], containers[EFA_SIDECAR]
+
+
+def _by_name(items: list[dict]) -> dict[str, dict]:
+    return {i["name"]: i for i in items}
+
+
+def test_node_exporter_reads_the_sidecars_folder_read_only(stack_objects):
+    spec, exporter, _ = _node_exporter(stack_objects)
+    assert f"--collector.textfile.directory={EFA_TEXTFILE_DIR}" in exporter["args"]
+    assert _by_name(exporter["volumeMounts"])["efa-textfile"] == {"name": "efa-textfile",
+                                                                   "mountPath": EFA_TEXTFILE_DIR, "readOnly": True}
+    assert _by_name(spec["volumes"])["efa-textfile"] == {"name": "efa-textfile", "emptyDir": {"medium": "Memory"}}
+
+
+def test_node_exporter_keeps_the_stacks_own_arguments(stack_objects):
+    """Helm replaces a list value: the stack's extraArgs (its values.yaml) are repeated beside the textfile one."""
+    values = yaml.safe_load((chart_folder(KUBE_PROMETHEUS_STACK) / "values.yaml").read_text())
+    assert STACK_NODE_EXPORTER_ARGS == values["prometheus-node-exporter"]["extraArgs"]
+    _, exporter, _ = _node_exporter(stack_objects)
+    assert set(STACK_NODE_EXPORTER_ARGS) <= set(exporter["args"])
+
+
+def test_efa_sidecar_runs_the_repositorys_script_every_scrape_interval(stack_objects, config):
+    _, _, sidecar = _node_exporter(stack_objects)
+    assert sidecar["command"] == ["/bin/sh", "-c", EFA_SCRIPT.read_text(), EFA_SIDECAR]
+    assert {e["name"]: e["value"] for e in sidecar["env"]} == {
+        "EFA_SYSFS": EFA_HOST_SYS, "EFA_TEXTFILE_DIR": EFA_TEXTFILE_DIR,
+        "EFA_INTERVAL_S": str(config.observability.scrape_interval_s)}
+
+
+def test_efa_sidecar_image_is_the_charts_node_exporter_with_a_shell(stack_objects):
+    """The chart runs node exporter's distroless image (no /bin/sh); the sidecar its busybox image, same version."""
+    subchart = chart_folder(KUBE_PROMETHEUS_STACK) / "charts" / "prometheus-node-exporter"
+    version = yaml.safe_load((subchart / "Chart.yaml").read_text())["appVersion"]
+    image = yaml.safe_load((subchart / "values.yaml").read_text())["image"]
+    _, exporter, sidecar = _node_exporter(stack_objects)
+    assert sidecar["image"] == f"{image['registry']}/{image['repository']}:v{version}"
+    assert exporter["image"] == f"{sidecar['image']}-distroless"
+
+
+def test_efa_sidecar_reads_the_nodes_sys_read_only_as_a_non_root_user(stack_objects):
+    spec, _, sidecar = _node_exporter(stack_objects)
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == EFA_HOST_SYS]
+    assert mount["readOnly"] is True
+    assert _by_name(spec["volumes"])[mount["name"]]["hostPath"] == {"path": "/sys"}
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
 
 
 def test_no_alertmanager_and_no_windows_exporter(stack_objects):
