@@ -417,13 +417,17 @@ def scraped_run(tmp_path_factory, config):
             root = tmp_path_factory.mktemp("scrape")
             plan, _ = local_plan(root / "run", assets_dir=root / "assets", run_name=RUN, **JOB)
             plan.plan_prediction = PREDICTION
+            # The local scrape's interval: the workers keep the final report's values up until a scrape has seen
+            # them (prometheus.TrainingGauges.close), as they do for the cluster's Prometheus.
+            plan.scrape_interval_s = 1
             start = time.time()
             result = run_training(plan)
             assert result.error is None
-            # The last reports reach Prometheus within one agent report and one scrape; wait on it, bounded.
-            _wait(lambda: server.query_range(f'ray_fsdp_checkpoint_seconds{{{RUN_NAME_LABEL}="{RUN}"}}',
-                                             start=start, end=time.time()), 30, "the run's series")
-            end = time.time()
+            # Scraped before the workers ended; the wait (bounded) only confirms it.
+            _wait(lambda: _final_loss(plan) in _scraped_losses(server, start, time.time()), 30,
+                  "the final report's loss")
+            # A range query evaluates at start + k * step <= end: one step past now covers the last sample.
+            end = time.time() + 1.0
             if os.environ.get(OVERVIEW_PNG):
                 dashboards.plot_overview(server.query_range, run_name=RUN, start=start, end=end,
                                          path=Path(os.environ[OVERVIEW_PNG]))
@@ -432,6 +436,17 @@ def scraped_run(tmp_path_factory, config):
         ray.shutdown()
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def _final_loss(plan) -> float:
+    from workloads.fsdp_finetune.metrics import read_metrics
+
+    return round([r for r in read_metrics(plan.metrics_path) if "loss" in r][-1]["loss"], 6)
+
+
+def _scraped_losses(server, start: float, end: float) -> set[float]:
+    series = server.query_range(f'ray_fsdp_loss{{{RUN_NAME_LABEL}="{RUN}"}}', start=start, end=end)
+    return {round(float(v), 6) for one in series for _, v in one["values"]}
 
 
 def _wait(condition, timeout_s: float, what: str):
@@ -455,6 +470,12 @@ def test_overview_query_returns_series_of_the_run(scraped_run, title, target):
     assert series, f"{title}: {target.expr} returned nothing"
     for one in series:
         assert one["metric"][RUN_NAME_LABEL] == RUN, one["metric"]
+
+
+def test_the_final_reports_loss_is_scraped(scraped_run):
+    """The last figures of a run that ends seconds after its last report still reach Prometheus."""
+    server, start, end, plan = scraped_run
+    assert _final_loss(plan) in _scraped_losses(server, start, end)
 
 
 def test_series_carry_the_podmonitors_job_and_cluster_labels(scraped_run):
@@ -496,6 +517,21 @@ def test_the_local_target_is_scraped_with_the_podmonitors_job_path_and_interval(
     (target,) = server.active_targets()
     assert target["labels"]["job"] == RAY_METRICS_JOB and target["labels"]["node"] == "local"
     assert target["scrapeUrl"].endswith(monitoring.METRICS_PATH) and target["scrapeInterval"] == "1s"
+
+
+def test_final_values_are_held_one_export_and_one_scrape_past_the_last_report():
+    from workloads.fsdp_finetune.prometheus import REFRESH_S, hold_seconds
+
+    assert hold_seconds(15, 10.0) == 15 + 10.0 + REFRESH_S  # the cluster's defaults: 26 s after the last report
+    assert hold_seconds(None, 10.0) == 0.0  # nothing scrapes a local run's metrics: no wait
+
+
+def test_the_cluster_plan_holds_for_the_files_scrape_interval(config, tmp_path):
+    from workloads.fsdp_finetune.launch import cluster_plan
+
+    assert cluster_plan(config, bucket="b").scrape_interval_s == config.observability.scrape_interval_s
+    off = load_config(write_variant(tmp_path, {"observability": {"enabled": False}}))
+    assert cluster_plan(off, bucket="b").scrape_interval_s is None
 
 
 @pytest.mark.parametrize("rank", [0, 1])
