@@ -108,6 +108,7 @@ def test_on_by_default_and_config_check_shows_what_it_runs_and_costs():
     assert code == 0, err
     line = next(line for line in out.splitlines() if "metrics stack" in line)
     assert "kube-prometheus-stack on the system nodes" in line and "dcgm-exporter on each GPU node" in line
+    assert "node exporter with its EFA counters sidecar on every node (10m CPU, 16 MiB each" in line
     assert re.search(r"\$\d+\.\d\d/hour of their price", line), line
 
 
