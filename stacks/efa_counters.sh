@@ -2,8 +2,9 @@
 # EFA hardware counters as node exporter textfile metrics (docs/observability.md, "EFA").
 #
 # Runs as a sidecar of kube-prometheus-stack's node exporter DaemonSet, in the node exporter image itself
-# (prometheus/node_exporter v1.12.1 Dockerfile: FROM quay.io/prometheus/busybox, so /bin/sh is busybox ash),
-# and in tests/test_efa_counters.py against a fake sysfs tree. POSIX sh only.
+# (prometheus/node_exporter v1.12.1 Dockerfile: FROM quay.io/prometheus/busybox, itself FROM busybox:glibc in
+# prometheus/busybox glibc/Dockerfile, so /bin/sh is busybox ash, with readlink, sleep, mv and rm), and in
+# tests/test_efa_counters.py (Debian's dash) against a fake sysfs tree. POSIX sh only.
 #
 # The EFA driver exposes its per-port byte and packet counters only as rdma-core hw_counters:
 # /sys/class/infiniband/<dev>/ports/<port>/hw_counters/<name> (amzn-drivers efa_linux_3.1.0,
@@ -54,7 +55,7 @@ counters() {
         [ "$counter" != lifespan ] && [ -f "$file" ] || continue
         case $counter in ''|*[!a-z0-9_]*) continue ;; esac
         value=
-        read -r value < "$file" 2>/dev/null
+        read -r value 2>/dev/null < "$file"
         case $value in ''|*[!0-9]*) continue ;; esac
         echo "$metric{device=\"$device\",port=\"$port\",counter=\"$counter\"} $value"
       done
