@@ -40,15 +40,21 @@ setup: tools prometheus
 tools: node-check $(VENV)/.installed node_modules/.installed
 
 # Debian's Prometheus server and promtool (2.42) for the local scrape test (tests/test_observability.py,
-# docs/observability.md): installed only when missing, and only where apt-get can run (root, or sudo
-# without a password); otherwise one line says so and that test skips with the same advice.
+# docs/observability.md), and its node exporter (1.5.0) for the EFA counters test (tests/test_efa_counters.py):
+# installed only when missing, and only where apt-get can run (root, or sudo without a password); otherwise one
+# line says so and those tests skip with the same advice.
+PROMETHEUS_PACKAGES := prometheus prometheus-node-exporter
 prometheus:
-	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
+	  command -v prometheus-node-exporter >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else \
-	  echo "note: prometheus not installed and apt-get needs root; run: sudo apt-get install prometheus"; exit 0; fi; \
-	if ! command -v apt-get >/dev/null; then echo "note: no apt-get; install Prometheus 2.x with promtool"; exit 0; fi; \
+	  echo "note: prometheus not installed and apt-get needs root; run: sudo apt-get install $(PROMETHEUS_PACKAGES)"; \
+	  exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then echo "note: no apt-get; install Prometheus 2.x with promtool" \
+	  "and node_exporter as prometheus-node-exporter"; exit 0; fi; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  --no-install-recommends prometheus >/dev/null || echo "note: apt-get install prometheus failed; its test skips"
+	  --no-install-recommends $(PROMETHEUS_PACKAGES) >/dev/null || \
+	  echo "note: apt-get install $(PROMETHEUS_PACKAGES) failed; their tests skip"
 
 node-check:
 	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (docs/setup.md: Node.js)" >&2; exit 1; }; \

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.observability import PLAN_METRIC, RANK_LABEL, RUN_NAME_LABEL
+from config.observability import EFA_METRIC, PLAN_METRIC, RANK_LABEL, RUN_NAME_LABEL
 from workloads.fsdp_finetune.prometheus import RUN_GAUGES, STEP_TIME_BY_RANK
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
@@ -45,7 +45,7 @@ class Target:
     """The metric the query needs (named in the test for the GPU and EFA panels, which have no local data)."""
     source: str = "ray"
     """Where the series come from: ray (the training job, via Ray's metrics agent), gpu (dcgm-exporter on a GPU
-    node; MFU too, which is null without a GPU peak) or efa (the EFA node exporter on an EFA node)."""
+    node; MFU too, which is null without a GPU peak) or efa (node exporter's EFA sidecar on an EFA node)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,12 +80,13 @@ OVERVIEW_PANELS = [
           targets=[Target(expr="max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED)", legend="{{Hostname}} GPU {{gpu}}",
                           needs="DCGM_FI_DEV_FB_USED", source="gpu")]),
     Panel(title="EFA bytes per node", unit="Bps",
-          description="Bytes/s through the node's EFA devices (hw_counters tx_bytes / rx_bytes), from the EFA node "
-                      "exporter; docs/observability.md says why not node exporter's infiniband collector.",
-          targets=[Target(expr="sum by (instance) (rate(node_amazonefa_tx_bytes[$__rate_interval]))",
-                          legend="{{instance}} sent", needs="node_amazonefa_tx_bytes", source="efa"),
-                   Target(expr="sum by (instance) (rate(node_amazonefa_rx_bytes[$__rate_interval]))",
-                          legend="{{instance}} received", needs="node_amazonefa_rx_bytes", source="efa")]),
+          description="Bytes/s through the node's EFA devices (their hw_counters tx_bytes / rx_bytes), written by "
+                      "node exporter's EFA sidecar; docs/observability.md says why not node exporter's infiniband "
+                      "collector.",
+          targets=[Target(expr=f'sum by (instance) (rate({EFA_METRIC}{{counter="tx_bytes"}}[$__rate_interval]))',
+                          legend="{{instance}} sent", needs=EFA_METRIC, source="efa"),
+                   Target(expr=f'sum by (instance) (rate({EFA_METRIC}{{counter="rx_bytes"}}[$__rate_interval]))',
+                          legend="{{instance}} received", needs=EFA_METRIC, source="efa")]),
     Panel(title="Step time per rank", unit="s",
           description="Each rank's mean optimizer step time over the report window: a straggler stands out.",
           targets=[Target(expr=f"{ray_metric(STEP_TIME_BY_RANK[0])}{{{RUN}}}", legend=f"rank {{{{{RANK_LABEL}}}}}",

@@ -15,6 +15,7 @@ from config.hub import token_warnings
 from config.loader import ConfigError, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
+from config.observability import EFA_SIDECAR_REQUESTS
 from config.versions import image_tag_moves
 
 
@@ -64,9 +65,11 @@ def observability_line(config: ClusterConfig) -> str:
     share = section.usd_per_hour(system_usd_per_hour=system.usd_per_hour, system_vcpus=system.vcpus,
                                  system_memory_gib=system.memory_gib)
     gpu = "dcgm-exporter on each GPU node, " if section.dcgm_exporter else ""
+    efa_cpu_m, efa_mib = EFA_SIDECAR_REQUESTS
     return (f"metrics stack: kube-prometheus-stack on the system nodes ({cpu_m / 1000:g} CPU, {_gib(mem_mib)} GiB "
             f"requested, ${share:.2f}/hour of their price, inside the idle cost; no other AWS charge), node exporter "
-            f"on every node, {gpu}Prometheus keeps {section.retention_hours} h in {section.storage_gib} GiB, "
+            f"with its EFA counters sidecar on every node ({efa_cpu_m}m CPU, {efa_mib} MiB each, in the DaemonSet "
+            f"share), {gpu}Prometheus keeps {section.retention_hours} h in {section.storage_gib} GiB, "
             f"scrapes every {section.scrape_interval_s} s")
 
 

@@ -47,6 +47,17 @@ PLAN_PREDICTION_FILE = "/tmp/plan-prediction.json"
 the same head pod to export (`--prediction-out`)."""
 PLAN_METRIC = "fsdp_plan_prediction"
 """Gauge of the plan's predictions (`python -m workloads.plan`), label `quantity` (tokens_per_s, mfu)."""
+EFA_METRIC = "node_efa_hw_counter_total"
+"""The series carrying EFA bytes: every hw_counter of every EFA port (labels device, port, counter, e.g.
+counter="tx_bytes"), written by the node exporter's EFA sidecar (stacks/efa_counters.sh) through its textfile
+collector; node exporter's own infiniband collector exports no EFA bytes (docs/observability.md)."""
+EFA_TEXTFILE_DIR = "/run/efa-counters"
+"""Node exporter's `--collector.textfile.directory` in its pod: a memory emptyDir the EFA sidecar writes to."""
+EFA_HOST_SYS = "/host/sys"
+"""Where the EFA sidecar sees the node's /sys (read-only), as node exporter sees it (the chart's `--path.sysfs`)."""
+EFA_SIDECAR_REQUESTS = (10, 16)
+"""CPU millicores and MiB the EFA sidecar requests on every node (a shell loop reading a few dozen sysfs files
+once per scrape interval); inside the DaemonSet budget of config/resources.py."""
 
 # Requests of the stack's pods on the system nodes (CPU millicores, MiB): Prometheus, Grafana (with its
 # two sidecars), the operator, kube-state-metrics. Set in the Helm values from here, so `config check`

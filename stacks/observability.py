@@ -8,6 +8,8 @@ docs/observability.md: why in-cluster, how to open Grafana.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aws_cdk as cdk
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
@@ -17,15 +19,31 @@ from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, system_node_labels
 from config.observability import (
     DASHBOARD_LABEL,
     DCGM_HOSTENGINE_PORT,
+    EFA_HOST_SYS,
+    EFA_SIDECAR_REQUESTS,
+    EFA_TEXTFILE_DIR,
     GRAFANA_SERVICE,
     PROMETHEUS_NAME,
     STACK_FULLNAME,
     STACK_REQUESTS,
 )
 from stacks.helm_addons import pinned_chart
-from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
+from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, NODE_EXPORTER_SHELL_IMAGE
 
 HOST_IP_ENV = "HOST_IP"
+EFA_SCRIPT = Path(__file__).resolve().parent / "efa_counters.sh"
+"""The EFA sidecar's script, run as is by the sidecar (inline in its command) and by the tests."""
+EFA_SIDECAR = "efa-counters"
+# kube-prometheus-stack 88.5.3 values.yaml sets these two `prometheus-node-exporter.extraArgs`; Helm replaces a
+# list rather than merging it, so setting extraArgs (for the textfile directory) must repeat them (a test compares
+# them with the pinned chart's values.yaml).
+STACK_NODE_EXPORTER_ARGS = [
+    "--collector.filesystem.mount-points-exclude=^/(dev|proc|sys|run/containerd/.+|var/lib/docker/.+|"
+    "var/lib/kubelet/.+)($|/)",
+    "--collector.filesystem.fs-types-exclude=^(autofs|binfmt_misc|bpf|cgroup2?|configfs|debugfs|devpts|devtmpfs|"
+    "fusectl|hugetlbfs|iso9660|mqueue|nsfs|overlay|proc|procfs|pstore|rpc_pipefs|securityfs|selinuxfs|squashfs|"
+    "sysfs|tracefs|erofs)$",
+]
 
 
 def _requests(name: str) -> dict:
@@ -78,7 +96,39 @@ def kube_prometheus_stack_values(config: ClusterConfig) -> dict:
         "prometheus-node-exporter": {
             "tolerations": [GPU_TAINT.toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "prometheus": {"monitor": {"interval": interval}},
+            **efa_sidecar_values(section.scrape_interval_s),
         },
+    }
+
+
+def efa_sidecar_values(interval_s: int) -> dict:
+    """prometheus-node-exporter 4.56.1 values (its values.yaml documents each) for the EFA counters sidecar.
+
+    Node exporter's infiniband collector exports no EFA bytes (docs/observability.md, "EFA"), so a sidecar in the
+    same pod runs stacks/efa_counters.sh: every `interval_s` it writes the EFA ports' hw_counters into a .prom file
+    that node exporter's textfile collector serves with the node's other series (same target, same labels).
+    `sidecars` fill in the main container's securityContext (read-only root, the pod's user 65534) but not its
+    image, which is set: the chart's image is distroless, without a shell. `sidecarVolumeMount` is a memory
+    emptyDir, mounted read-only into node exporter; `sidecarHostVolumeMounts` the node's /sys, read-only, into the
+    sidecar (templates/daemonset.yaml and _helpers.tpl `prometheus-node-exporter.sidecarVolumeMounts`).
+    """
+    cpu_m, mem_mib = EFA_SIDECAR_REQUESTS
+    return {
+        "extraArgs": [*STACK_NODE_EXPORTER_ARGS, f"--collector.textfile.directory={EFA_TEXTFILE_DIR}"],
+        "sidecars": [{
+            "name": EFA_SIDECAR,
+            "image": NODE_EXPORTER_SHELL_IMAGE,
+            # `sh -c SCRIPT NAME`: NAME is the script's $0 in its messages.
+            "command": ["/bin/sh", "-c", EFA_SCRIPT.read_text(), EFA_SIDECAR],
+            "env": [{"name": "EFA_SYSFS", "value": EFA_HOST_SYS},
+                    {"name": "EFA_TEXTFILE_DIR", "value": EFA_TEXTFILE_DIR},
+                    {"name": "EFA_INTERVAL_S", "value": str(interval_s)}],
+            "resources": {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem_mib}Mi"},
+                          "limits": {"memory": f"{mem_mib * 2}Mi"}},
+        }],
+        "sidecarVolumeMount": [{"name": "efa-textfile", "mountPath": EFA_TEXTFILE_DIR, "readOnly": False}],
+        "sidecarHostVolumeMounts": [{"name": "efa-host-sys", "hostPath": "/sys", "mountPath": EFA_HOST_SYS,
+                                     "readOnly": True}],
     }
 
 

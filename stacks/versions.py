@@ -147,6 +147,14 @@ KUBE_PROMETHEUS_STACK = ChartPin(
     namespace=MONITORING_NAMESPACE,
 )
 
+# The image of the node exporter's EFA sidecar (stacks/efa_counters.sh): node exporter's own, at the version of the
+# prometheus-node-exporter 4.56.1 subchart (Chart.yaml appVersion 1.12.1), but its busybox variant: the stack runs
+# the distroless one (kube-prometheus-stack values.yaml `prometheus-node-exporter.image.distroless: true`), which
+# has no shell (prometheus/node_exporter v1.12.1 Dockerfile.distroless: FROM gcr.io/distroless/static-debian13),
+# while Dockerfile is FROM quay.io/prometheus/busybox (/bin/sh). Same registry and repository as the chart's.
+NODE_EXPORTER_VERSION = "1.12.1"
+NODE_EXPORTER_SHELL_IMAGE = f"quay.io/prometheus/node-exporter:v{NODE_EXPORTER_VERSION}"
+
 # Seen in NVIDIA/dcgm-exporter at tag 4.5.3-4.8.2 (commit 691c92762e, 2026-05-06; chart in `deployment/`):
 # chart 4.8.2, image nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless.
 DCGM_EXPORTER = ChartPin(

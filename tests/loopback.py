@@ -640,6 +640,97 @@ class DroppingProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
+# ---- issue 23 (EFA): Debian's node exporter, reading a test's sysfs tree ----------------------------------------
+# A separate block: NodeExporter and node_exporter_missing only.
+
+NODE_EXPORTER = "prometheus-node-exporter"
+"""Debian's name for node_exporter (package prometheus-node-exporter, 1.5.0 in bookworm)."""
+NODE_EXPORTER_INSTALL_HINT = ("Debian's prometheus-node-exporter package (1.5.0): `make setup` installs it when "
+                              "apt-get can (root or passwordless sudo), or run "
+                              "`apt-get install prometheus-node-exporter`")
+NODE_EXPORTER_START_TIMEOUT_S = 30.0
+
+
+def node_exporter_missing() -> str | None:
+    """Why the node exporter cannot run here (None when `prometheus-node-exporter` is on PATH)."""
+    import shutil
+
+    return None if shutil.which(NODE_EXPORTER) else f"{NODE_EXPORTER} not found; install {NODE_EXPORTER_INSTALL_HINT}"
+
+
+@register("node_exporter")
+class NodeExporter:
+    """Node exporter on 127.0.0.1, only `collectors` on, its sysfs `sysfs` and its textfile directory `textfile_dir`.
+
+    It listens on port 0 and `address` is the port the kernel gave it: node exporter logs the listener's address,
+    not the flag's ("Listening on" address=127.0.0.1:<port>, exporter-toolkit web/tls_config.go, as Debian's 1.5.0
+    prints it), so there is no bind-and-release race.
+    """
+
+    def __init__(self, *, sysfs: Path, textfile_dir: Path, collectors: tuple[str, ...] = ("textfile", "infiniband")):
+        self.sysfs = Path(sysfs)
+        self.textfile_dir = Path(textfile_dir)
+        self.collectors = collectors
+        self.proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.address = ""
+
+    def __enter__(self) -> NodeExporter:
+        import re
+
+        reason = node_exporter_missing()
+        if reason:
+            raise RuntimeError(reason)
+        self._tmp = tempfile.TemporaryDirectory(prefix="node-exporter-")
+        log_path = Path(self._tmp.name) / "node-exporter.log"
+        try:
+            with log_path.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    [NODE_EXPORTER, "--web.listen-address=127.0.0.1:0", f"--path.sysfs={self.sysfs}",
+                     "--collector.disable-defaults", *(f"--collector.{c}" for c in self.collectors),
+                     f"--collector.textfile.directory={self.textfile_dir}"],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            deadline = time.monotonic() + NODE_EXPORTER_START_TIMEOUT_S
+            while not self.address:
+                text = log_path.read_text(errors="replace")
+                found = re.search(r'msg="Listening on" address=(127\.0\.0\.1:\d+)', text)
+                if found:
+                    self.address = found.group(1)
+                elif self.proc.poll() is not None:
+                    raise RuntimeError(f"node exporter exited at start: {text[-3000:]}")
+                elif time.monotonic() > deadline:
+                    raise RuntimeError(f"node exporter not listening within {NODE_EXPORTER_START_TIMEOUT_S:.0f} s: "
+                                       f"{text[-3000:]}")
+                else:
+                    time.sleep(0.05)  # poll interval of the start wait, bounded by the deadline above
+            return self
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def metrics(self) -> str:
+        """One scrape of /metrics, as text."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=30) as reply:
+            return reply.read().decode()
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            self.proc = None
+        if self._tmp:
+            self._tmp.cleanup()
+            self._tmp = None
+
+# ---- end of issue 23 (EFA) block ---------------------------------------------------------------------------------
 
 
 if __name__ == "__main__":

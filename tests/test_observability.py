@@ -25,6 +25,8 @@ from config import load_config
 from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, RAY_CLUSTER_LABEL, system_node_labels
 from config.observability import (
     DASHBOARD_LABEL,
+    EFA_HOST_SYS,
+    EFA_TEXTFILE_DIR,
     GRAFANA_SERVICE,
     MONITORING_NAMESPACE,
     PROMETHEUS_NAME,
@@ -34,7 +36,13 @@ from config.observability import (
     RAY_METRICS_PORT,
     RUN_NAME_LABEL,
 )
-from stacks.observability import dcgm_exporter_values, kube_prometheus_stack_values
+from stacks.observability import (
+    EFA_SCRIPT,
+    EFA_SIDECAR,
+    STACK_NODE_EXPORTER_ARGS,
+    dcgm_exporter_values,
+    kube_prometheus_stack_values,
+)
 from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
 from tests.helm import template as helm_template
 from tests.helpers import REPO, write_variant
@@ -100,6 +108,7 @@ def test_on_by_default_and_config_check_shows_what_it_runs_and_costs():
     assert code == 0, err
     line = next(line for line in out.splitlines() if "metrics stack" in line)
     assert "kube-prometheus-stack on the system nodes" in line and "dcgm-exporter on each GPU node" in line
+    assert "node exporter with its EFA counters sidecar on every node (10m CPU, 16 MiB each" in line
     assert re.search(r"\$\d+\.\d\d/hour of their price", line), line
 
 
@@ -128,6 +137,64 @@ def test_stack_runs_on_the_system_nodes_and_node_exporter_on_every_node(stack_ob
     for name, spec in found.items():
         assert spec["nodeSelector"] == system_node_labels(), name
         assert not spec.get("tolerations"), name
+
+
+# The EFA counters sidecar in node exporter's pod (docs/observability.md, "EFA"; tests/test_efa_counters.py runs
+# its script against a real node exporter and Prometheus).
+
+
+def _node_exporter(stack_objects) -> tuple[dict, dict, dict]:
+    """(pod spec, node exporter's container, the EFA sidecar) of the rendered DaemonSet."""
+    spec = workloads_of(stack_objects)[f"DaemonSet/{KUBE_PROMETHEUS_STACK.release}-prometheus-node-exporter"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    return spec, containers["node-exporter"], containers[EFA_SIDECAR]
+
+
+def _by_name(items: list[dict]) -> dict[str, dict]:
+    return {i["name"]: i for i in items}
+
+
+def test_node_exporter_reads_the_sidecars_folder_read_only(stack_objects):
+    spec, exporter, _ = _node_exporter(stack_objects)
+    assert f"--collector.textfile.directory={EFA_TEXTFILE_DIR}" in exporter["args"]
+    assert _by_name(exporter["volumeMounts"])["efa-textfile"] == {"name": "efa-textfile",
+                                                                   "mountPath": EFA_TEXTFILE_DIR, "readOnly": True}
+    assert _by_name(spec["volumes"])["efa-textfile"] == {"name": "efa-textfile", "emptyDir": {"medium": "Memory"}}
+
+
+def test_node_exporter_keeps_the_stacks_own_arguments(stack_objects):
+    """Helm replaces a list value: the stack's extraArgs (its values.yaml) are repeated beside the textfile one."""
+    values = yaml.safe_load((chart_folder(KUBE_PROMETHEUS_STACK) / "values.yaml").read_text())
+    assert STACK_NODE_EXPORTER_ARGS == values["prometheus-node-exporter"]["extraArgs"]
+    _, exporter, _ = _node_exporter(stack_objects)
+    assert set(STACK_NODE_EXPORTER_ARGS) <= set(exporter["args"])
+
+
+def test_efa_sidecar_runs_the_repositorys_script_every_scrape_interval(stack_objects, config):
+    _, _, sidecar = _node_exporter(stack_objects)
+    assert sidecar["command"] == ["/bin/sh", "-c", EFA_SCRIPT.read_text(), EFA_SIDECAR]
+    assert {e["name"]: e["value"] for e in sidecar["env"]} == {
+        "EFA_SYSFS": EFA_HOST_SYS, "EFA_TEXTFILE_DIR": EFA_TEXTFILE_DIR,
+        "EFA_INTERVAL_S": str(config.observability.scrape_interval_s)}
+
+
+def test_efa_sidecar_image_is_the_charts_node_exporter_with_a_shell(stack_objects):
+    """The chart runs node exporter's distroless image (no /bin/sh); the sidecar its busybox image, same version."""
+    subchart = chart_folder(KUBE_PROMETHEUS_STACK) / "charts" / "prometheus-node-exporter"
+    version = yaml.safe_load((subchart / "Chart.yaml").read_text())["appVersion"]
+    image = yaml.safe_load((subchart / "values.yaml").read_text())["image"]
+    _, exporter, sidecar = _node_exporter(stack_objects)
+    assert sidecar["image"] == f"{image['registry']}/{image['repository']}:v{version}"
+    assert exporter["image"] == f"{sidecar['image']}-distroless"
+
+
+def test_efa_sidecar_reads_the_nodes_sys_read_only_as_a_non_root_user(stack_objects):
+    spec, _, sidecar = _node_exporter(stack_objects)
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["mountPath"] == EFA_HOST_SYS]
+    assert mount["readOnly"] is True
+    assert _by_name(spec["volumes"])[mount["name"]]["hostPath"] == {"path": "/sys"}
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
 
 
 def test_no_alertmanager_and_no_windows_exporter(stack_objects):
@@ -303,8 +370,7 @@ def test_every_overview_query_parses_with_promtool(tmp_path):
 
 def test_gpu_and_efa_panels_name_the_metrics_they_need():
     needs = {t.needs for p in dashboards.OVERVIEW_PANELS for t in p.targets if t.source != "ray"}
-    assert needs == {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "node_amazonefa_tx_bytes",
-                     "node_amazonefa_rx_bytes", "ray_fsdp_mfu"}
+    assert needs == {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "node_efa_hw_counter_total", "ray_fsdp_mfu"}
     for panel in dashboards.OVERVIEW_PANELS:
         for target in panel.targets:
             assert target.needs in target.expr, target
@@ -352,13 +418,17 @@ def scraped_run(tmp_path_factory, config):
             root = tmp_path_factory.mktemp("scrape")
             plan, _ = local_plan(root / "run", assets_dir=root / "assets", run_name=RUN, **JOB)
             plan.plan_prediction = PREDICTION
+            # The local scrape's interval: the workers keep the final report's values up until a scrape has seen
+            # them (prometheus.TrainingGauges.close), as they do for the cluster's Prometheus.
+            plan.scrape_interval_s = 1
             start = time.time()
             result = run_training(plan)
             assert result.error is None
-            # The last reports reach Prometheus within one agent report and one scrape; wait on it, bounded.
-            _wait(lambda: server.query_range(f'ray_fsdp_checkpoint_seconds{{{RUN_NAME_LABEL}="{RUN}"}}',
-                                             start=start, end=time.time()), 30, "the run's series")
-            end = time.time()
+            # Scraped before the workers ended; the wait (bounded) only confirms it.
+            _wait(lambda: _final_loss(plan) in _scraped_losses(server, start, time.time()), 30,
+                  "the final report's loss")
+            # A range query evaluates at start + k * step <= end: one step past now covers the last sample.
+            end = time.time() + 1.0
             if os.environ.get(OVERVIEW_PNG):
                 dashboards.plot_overview(server.query_range, run_name=RUN, start=start, end=end,
                                          path=Path(os.environ[OVERVIEW_PNG]))
@@ -367,6 +437,17 @@ def scraped_run(tmp_path_factory, config):
         ray.shutdown()
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def _final_loss(plan) -> float:
+    from workloads.fsdp_finetune.metrics import read_metrics
+
+    return round([r for r in read_metrics(plan.metrics_path) if "loss" in r][-1]["loss"], 6)
+
+
+def _scraped_losses(server, start: float, end: float) -> set[float]:
+    series = server.query_range(f'ray_fsdp_loss{{{RUN_NAME_LABEL}="{RUN}"}}', start=start, end=end)
+    return {round(float(v), 6) for one in series for _, v in one["values"]}
 
 
 def _wait(condition, timeout_s: float, what: str):
@@ -390,6 +471,12 @@ def test_overview_query_returns_series_of_the_run(scraped_run, title, target):
     assert series, f"{title}: {target.expr} returned nothing"
     for one in series:
         assert one["metric"][RUN_NAME_LABEL] == RUN, one["metric"]
+
+
+def test_the_final_reports_loss_is_scraped(scraped_run):
+    """The last figures of a run that ends seconds after its last report still reach Prometheus."""
+    server, start, end, plan = scraped_run
+    assert _final_loss(plan) in _scraped_losses(server, start, end)
 
 
 def test_series_carry_the_podmonitors_job_and_cluster_labels(scraped_run):
@@ -431,6 +518,21 @@ def test_the_local_target_is_scraped_with_the_podmonitors_job_path_and_interval(
     (target,) = server.active_targets()
     assert target["labels"]["job"] == RAY_METRICS_JOB and target["labels"]["node"] == "local"
     assert target["scrapeUrl"].endswith(monitoring.METRICS_PATH) and target["scrapeInterval"] == "1s"
+
+
+def test_final_values_are_held_one_export_and_one_scrape_past_the_last_report():
+    from workloads.fsdp_finetune.prometheus import REFRESH_S, hold_seconds
+
+    assert hold_seconds(15, 10.0) == 15 + 10.0 + REFRESH_S  # the cluster's defaults: 26 s after the last report
+    assert hold_seconds(None, 10.0) == 0.0  # nothing scrapes a local run's metrics: no wait
+
+
+def test_the_cluster_plan_holds_for_the_files_scrape_interval(config, tmp_path):
+    from workloads.fsdp_finetune.launch import cluster_plan
+
+    assert cluster_plan(config, bucket="b").scrape_interval_s == config.observability.scrape_interval_s
+    off = load_config(write_variant(tmp_path, {"observability": {"enabled": False}}))
+    assert cluster_plan(off, bucket="b").scrape_interval_s is None
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -27,6 +27,7 @@ from charts.charts import build_app, inputs, manifests
 from charts.vendored import CHARTS, ChartsUnavailable, chart_dir
 from config import ClusterConfig, load_config
 from config.k8s import EFA_RESOURCE, GPU_RESOURCE
+from config.observability import EFA_SIDECAR_REQUESTS
 from stacks.versions import NODE_MONITORING_AGENT_CHART
 from tests.helm import template as helm_template
 from tests.helpers import EXAMPLES
@@ -39,6 +40,7 @@ from tests.placement import (
     node_groups,
     placeable,
     pod_requests,
+    quantity,
     shortfall,
     workloads,
 )
@@ -320,3 +322,11 @@ def test_ray_workers_of_a_node_fit_its_allocatable_beside_its_daemonsets(name):
             need = shortfall(requests, free_for_pods(group, all_workloads(name), ADVERTISED))
             assert not need, (f"{kind}: {config.pods_per_node(wg)} Ray worker pod(s) on {wg.name} "
                               f"({wg.instance_type}): {fmt(need)}")
+
+
+def test_node_exporters_pod_requests_are_its_efa_sidecars():
+    """The EFA counters sidecar's requests are in the DaemonSet's pod on every node (so in the fit checks above);
+    node exporter's own container requests nothing (prometheus-node-exporter 4.56.1 values.yaml `resources: {}`)."""
+    spec = workload("default", "DaemonSet/kube-prometheus-stack-prometheus-node-exporter").pod_spec
+    cpu_m, mem_mib = EFA_SIDECAR_REQUESTS
+    assert pod_requests(spec) == {"cpu": quantity(f"{cpu_m}m"), "memory": quantity(f"{mem_mib}Mi")}

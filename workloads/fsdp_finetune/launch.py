@@ -213,6 +213,9 @@ class RunPlan:
     """Workers per node (None: all on one machine, as in a local run)."""
     plan_prediction: dict | None = None
     """The plan's `tokens_per_s` and `mfu` (`workloads.plan`), exported beside the measured figures."""
+    scrape_interval_s: int | None = None
+    """Seconds between Prometheus' scrapes of the run's metrics (`observability.scrape_interval_s`; None: nothing
+    scrapes them). The workers keep the final report's values up until one scrape has seen them."""
 
 
 def build_trainer(plan: RunPlan, **extra):
@@ -231,7 +234,8 @@ def build_trainer(plan: RunPlan, **extra):
                                      run_dir=plan.run_dir, eval_records=plan.eval_records,
                                      driver_progress=plan.metrics_path is not None, sharding=plan.sharding,
                                      ranks_per_node=plan.ranks_per_node, storage_path=plan.storage_path,
-                                     plan_prediction=plan.plan_prediction, **extra)
+                                     plan_prediction=plan.plan_prediction,
+                                     scrape_interval_s=plan.scrape_interval_s, **extra)
     # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
     # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
     timeout_s = round(job.collective_timeout_minutes * 60)
@@ -418,6 +422,8 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         run_dir=f"{storage.rstrip('/')}/{job.run_name}",  # the run's own folder, beside Ray's checkpoints
         sharding=mesh.sharding,
         ranks_per_node=mesh.ranks_per_node,
+        # The cluster's Prometheus scrapes the Ray pods (charts.monitoring's PodMonitor) when the stack is on.
+        scrape_interval_s=config.observability.scrape_interval_s if config.observability.enabled else None,
     )
 
 

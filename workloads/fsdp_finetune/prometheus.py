@@ -13,12 +13,20 @@ evicts it: ray/_private/telemetry/open_telemetry_metric_recorder.py, `_resolve_g
 measured: a value set once is gone after about 2 s at a 1 s interval), and reports come a minute apart
 on the cluster; so a background thread sets every last value again each `REFRESH_S` until `close()`.
 The series ends with the run (or the worker process).
+
+The final report comes just before training ends, and the values reach Prometheus only through the agent's next
+export and Prometheus' next scrape after it: a short run (or a fast export of the model) could end, and the
+series with it, before any scrape saw them. So `close(scrape_interval_s=...)` keeps them set until one export
+interval plus one scrape interval (plus a refresh) after the last report: the agent then holds them for a whole
+scrape interval, and a scrape sees them. Bounded: about 26 s on the cluster (15 s scrapes, Ray's 10 s exports),
+counted from the last report, so the model's export already covers part of it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from config.observability import METRIC_PREFIX, PLAN_METRIC, RANK_LABEL, RUN_NAME_LABEL
 
@@ -42,6 +50,26 @@ PLAN_QUANTITIES = ("tokens_per_s", "mfu")
 REFRESH_S = 1.0
 """Seconds between re-settings of the last values: under Ray's shortest export interval (1 s, so under the 2 s a
 value survives unrefreshed)."""
+DEFAULT_EXPORT_INTERVAL_MS = 10_000
+"""Ray's default `metrics_report_interval_ms` (src/ray/common/ray_config_def.h, Ray 2.58), where its config cannot
+be read."""
+
+
+def export_interval_s() -> float:
+    """Seconds between this process's exports to its node's metrics agent (`RAY_metrics_report_interval_ms`), as
+    Ray's config in this process says (ray/includes/ray_config.pxd `metrics_report_interval_ms`, Ray 2.58)."""
+    try:
+        from ray._raylet import Config
+
+        return Config.metrics_report_interval_ms() / 1000
+    except Exception:  # noqa: BLE001 - a private API: fall back to Ray's default
+        return DEFAULT_EXPORT_INTERVAL_MS / 1000
+
+
+def hold_seconds(scrape_interval_s: float | None, export_s: float) -> float:
+    """How long after the last report its values must stay set for a scrape to see them: the agent has them within
+    one export, then holds them for a whole scrape interval (0 when nothing scrapes them)."""
+    return 0.0 if not scrape_interval_s else export_s + scrape_interval_s + REFRESH_S
 
 
 class TrainingGauges:
@@ -60,6 +88,7 @@ class TrainingGauges:
         self.run: dict = {}
         # The plan's prediction, set once; the refresher keeps it alive for the whole run.
         self.plan = None
+        self._last_set = time.monotonic()
         self._thread = threading.Thread(target=self._refresh, name="prometheus-gauges", daemon=True)
         if rank == 0:
             self._rank0_gauges(plan_prediction)
@@ -80,6 +109,7 @@ class TrainingGauges:
     def _set(self, gauge, value: float, tags: dict) -> None:
         with self._lock:
             self._values[(gauge.info["name"], tuple(sorted(tags.items())))] = (gauge, value, tags)
+            self._last_set = time.monotonic()
         gauge.set(value, tags=tags)
 
     def _refresh(self) -> None:
@@ -97,8 +127,14 @@ class TrainingGauges:
             if isinstance(metrics.get(key), int | float):
                 self._set(gauge, float(metrics[key]), self.tags)
 
-    def close(self) -> None:
-        """Stop re-setting the values: the series end (within Ray's two export intervals)."""
+    def close(self, *, scrape_interval_s: float | None = None) -> None:
+        """Stop re-setting the values: the series end (within Ray's two export intervals). With the scrape interval
+        of the run's metrics, first keep the last values set until a scrape has surely seen them (`hold_seconds`
+        after the last report); without one, at once."""
+        left = self._last_set + hold_seconds(scrape_interval_s, export_interval_s()) - time.monotonic()
+        if left > 0:
+            log.debug("keeping the last metrics up %.1f s more, for Prometheus' next scrape", left)
+            self._stop.wait(left)  # bounded; nothing sets _stop before this point
         self._stop.set()
         self._thread.join(timeout=5 * REFRESH_S)
 

@@ -49,7 +49,8 @@ def resume_conflict(checkpoint_step: int, max_steps: int, run_name: str) -> str 
 def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: float | None, export_uri: str,
                       run_dir: str | None = None, eval_records: list[dict] | None = None,
                       driver_progress: bool = False, sharding: str | None = None,
-                      ranks_per_node: int | None = None, plan_prediction: dict | None = None, **extra) -> dict:
+                      ranks_per_node: int | None = None, plan_prediction: dict | None = None,
+                      scrape_interval_s: int | None = None, **extra) -> dict:
     """The plain-data config every worker receives.
 
     `job` is `JobConfig.model_dump()`; `export_uri` is where rank 0 writes the final Hugging Face
@@ -75,6 +76,7 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
         "sharding": sharding or job.get("sharding", "auto"),
         "ranks_per_node": ranks_per_node,
         "plan_prediction": plan_prediction,
+        "scrape_interval_s": scrape_interval_s,
         **extra,
     }
 
@@ -386,8 +388,8 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
     if tracker is not None:
         tracker.close()
     if gauges is not None:
-        # Last: the final report's values stay up through the export, so a scrape surely sees them.
-        gauges.close()
+        # Last: the final report's values stay up through the export, and until a scrape has surely seen them.
+        gauges.close(scrape_interval_s=config.get("scrape_interval_s"))
 
 
 def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world: int) -> HeldOutLoss | None:
