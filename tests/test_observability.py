@@ -545,3 +545,12 @@ def test_gauges_stop_refreshing_on_close_on_every_rank(rank):
     gauges.close()
     assert not gauges._thread.is_alive()
     assert bool(gauges.run) == (rank == 0)
+
+
+def test_an_ec2_run_does_not_hold_its_last_metrics(config):
+    """Only the EKS target has the metrics stack: on EC2 nothing scrapes, so the end of a run waits for nothing."""
+    from config.target import with_target
+    from workloads.fsdp_finetune.launch import cluster_plan
+
+    assert config.observability.enabled
+    assert cluster_plan(with_target(config, "ec2"), bucket="b").scrape_interval_s is None

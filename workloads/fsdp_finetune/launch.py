@@ -423,7 +423,9 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         sharding=mesh.sharding,
         ranks_per_node=mesh.ranks_per_node,
         # The cluster's Prometheus scrapes the Ray pods (charts.monitoring's PodMonitor) when the stack is on.
-        scrape_interval_s=config.observability.scrape_interval_s if config.observability.enabled else None,
+        # Only the EKS target runs the metrics stack (stacks/observability.py); on EC2 nothing scrapes, so no hold.
+        scrape_interval_s=(config.observability.scrape_interval_s
+                           if config.observability.enabled and config.target == "eks" else None),
     )
 
 
