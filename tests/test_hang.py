@@ -111,8 +111,9 @@ def test_the_restarted_group_resumes_from_the_last_checkpoint_with_the_unbroken_
 
 
 def test_a_sub_second_collective_timeout_is_not_rounded_to_zero(root):
-    """0.005 minutes (0.3 s) passes the field's `> 0`; as 0 s the process group could not even rendezvous
-    (PyTorch 2.13's TCPStore: "client socket has timed out after 0ms"), so it becomes Ray's smallest, 1 s."""
+    """0.005 minutes (0.3 s) passes the field's `> 0`, but Ray's `timeout_s` is whole seconds and 0 s would
+    fail the process group's own rendezvous (PyTorch 2.13's TCPStore: "client socket has timed out after
+    0ms", tried here): it becomes 1 s."""
     plan = _plan(root, "short", collective_timeout_minutes=0.005)
     assert build_trainer(plan).backend_config.timeout_s == 1
     plan = _plan(root, "six", collective_timeout_minutes=TIMEOUT_MINUTES)
