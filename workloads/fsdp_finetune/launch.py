@@ -237,8 +237,11 @@ def build_trainer(plan: RunPlan, **extra):
                                      plan_prediction=plan.plan_prediction,
                                      scrape_interval_s=plan.scrape_interval_s, **extra)
     # A hung collective fails after job.collective_timeout_minutes (PyTorch's default is 30), and
-    # the NCCL flight recorder (charts' pod env) dumps what every rank was doing.
-    timeout_s = round(job.collective_timeout_minutes * 60)
+    # the NCCL flight recorder (charts' pod env) dumps what every rank was doing. Ray Train 2.58 passes
+    # whole seconds to init_process_group (ray/train/torch/config.py `_setup_torch_process_group`):
+    # at least 1, since a setting under half a second rounded to 0 and a 0 s timeout fails the
+    # process group's own rendezvous ("client socket has timed out after 0ms", PyTorch 2.13 TCPStore).
+    timeout_s = max(1, round(job.collective_timeout_minutes * 60))
     return TorchTrainer(
         train_func,
         train_loop_config=train_config,

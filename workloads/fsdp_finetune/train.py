@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
     `tokens_per_s` and `predicted_mfu` as `mfu`) is exported beside the measured figures. `extra` carries test
     knobs: `storage_path` (Ray's storage; it keys the checkpoint staging folder,
     `checkpoint_staging_dir`) and `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
-    records that it did), to exercise restarts.
+    records that it did), to exercise restarts; `hang_at_step` + `hang_marker` make it stop once before the step's
+    collectives instead (a hung collective for the others, `_maybe_hang`).
     """
     return {
         "job": dict(job),
@@ -201,6 +203,34 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
     os._exit(1)
 
 
+HANG_BOUND_S = 600.0
+"""How long `_maybe_hang` blocks at most: Ray Train kills the hung rank long before (it raises after this)."""
+
+
+def _maybe_hang(config: dict, step: int, rank: int, world: int) -> None:
+    """Test knob: the last rank stops once at `hang_at_step`, before the step's first collective.
+
+    The other ranks enter the step's `all_reduce` and wait there: a hung collective, as a rank stuck
+    in I/O or on another code path leaves it. Under gloo that wait ends after the process group's
+    timeout (`job.collective_timeout_minutes`) with a RuntimeError in each waiting rank, which fails
+    its `train_func`; Ray Train 2.58 then restarts the group and kills every worker actor, this hung
+    one included (`ray.kill` in `_shutdown_workers`, ray/train/v2/_internal/execution/worker_group/state.py).
+    This rank's own health checks keep passing meanwhile: `train_func` runs in a thread of the actor
+    (worker_group/thread_runner.py), so the hang is seen only through the waiting ranks' timeout.
+    The marker records the hang (and, if this rank was never killed, says so before raising).
+    """
+    at, marker = config.get("hang_at_step"), config.get("hang_marker")
+    if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
+        return
+    Path(marker).write_text(f"hung at step {step}\n")
+    log.warning("hang_at_step=%d: rank %d stops before the step's collectives", step, rank)
+    # A blocking wait that nothing sets: only the restart's kill ends it. Bounded so that a restart
+    # that never comes fails the run (and says why) instead of hanging it.
+    threading.Event().wait(HANG_BOUND_S)
+    Path(marker).write_text(f"hung at step {step}; not killed within {HANG_BOUND_S:.0f} s\n")
+    raise RuntimeError(f"hang_at_step={step}: rank {rank} was not killed within {HANG_BOUND_S:.0f} s")
+
+
 def train_func(config: dict) -> None:
     """Fine-tune on this worker: build, shard, restore, train, checkpoint, report, export."""
     import ray.train
@@ -306,6 +336,7 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
 
     while step < job["max_steps"]:
         _maybe_fail(config, step, rank, world)
+        _maybe_hang(config, step, rank, world)
         lr = scheduler.get_last_lr()[0]
         fetch_start = time.perf_counter()
         micro = [next(batch_iter) for _ in range(config["grad_accumulation"])]
