@@ -175,8 +175,10 @@ def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | 
                 config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             copy_tree(tmp, destination)
-    if dist.is_initialized():
-        dist.barrier()
+    # No barrier after the write: it would be a collective bounded by job.collective_timeout_minutes, so an
+    # export slower than that (gather, safetensors, upload) would fail a finished run, and every retry would
+    # resume at max_steps and fail the same way. Nothing collective follows, and Ray Train ends the run only
+    # once every worker's function has returned (tests/test_export.py).
 
 
 # Seconds an S3 request may go without a byte before it fails, and to connect. The AWS C++ SDK inside pyarrow
