@@ -22,6 +22,8 @@ import torch
 from tests.ranks import spawn_gloo
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
+pytestmark = pytest.mark.slow  # spawns ranks: `make check` leaves it out
+
 WAIT_S = 60.0
 
 
