@@ -27,6 +27,8 @@ from config.observability import EFA_METRIC
 from stacks.observability import EFA_SCRIPT
 from tests.loopback import NodeExporter, PrometheusServer, node_exporter_missing, prometheus_missing
 
+pytestmark = pytest.mark.slow  # runs the sidecar script, node-exporter and Prometheus: `make check` leaves it out
+
 EFA_DEVICE = "rdmap0s6"
 OTHER_DEVICE = "mlx5_0"
 # A few of the EFA port's hw_counters (efa_verbs.c EFA_DEFINE_PORT_STATS names), bytes and packets.
