@@ -1,30 +1,189 @@
-"""A driver process for tests/test_driver_kill.py: its own local Ray cluster, one fit() of the tiny job.
+"""A driver process for the driver-kill tests: its own local Ray cluster, one fit() of a tiny job.
 
-    python -m tests.driver_run OUTPUT_DIR RUN_NAME
+    python -m tests.driver_run OUTPUT_DIR RUN_NAME [--storage s3://BUCKET/PREFIX] [--gate CHECKPOINT --gate-marker FILE]
 
-The test runs it in a new process group and SIGKILLs the whole group mid-run, as a lost head or a
-killed `ray job` entrypoint would end it, then runs it again under the same run name.
+The tests run it in a new process group and SIGKILL the whole group mid-run (driver, its local Ray cluster,
+the workers), as a lost head or a killed `ray job` entrypoint would end it, then run it again under the same
+run name. `--storage` puts checkpoints, metrics, logs and the exported model in S3 (credentials and endpoint
+from the environment the test hands it) instead of under OUTPUT_DIR.
+
+The kill lands at a known point, not by timing: with `--gate`, rank 0 stops right after reporting CHECKPOINT
+to Ray (`gated_train_func`), writes FILE and waits there until it is killed. Its upload and Ray's
+registration of that checkpoint go on in Ray's own threads; rank 1 waits for rank 0 at the next step's
+collective. So no step after CHECKPOINT is trained, and the test kills once it has seen what it waits for
+(the checkpoint registered, or its upload held by `tests.loopback.StallingProxy`). The gate lives here, in
+the test's driver, and wraps the product's `train_func`: nothing in `workloads/` reads it.
+
+The functions below the entry point start, wait for and kill such a driver from a test.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from tests.test_train_ray import JOB
+# The smallest job that still shows a resume: 3 checkpoints (2, 4, 6), a kill after 4 (or while 4 uploads),
+# and training after the resume. report_every 2 puts a metrics row at every checkpoint.
+JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=6, warmup_steps=1,
+           checkpoint_every=2, report_every=2, eval_every=6, learning_rate=3e-3)
+GATE_TIMEOUT_S = 600.0  # a gate the test never kills releases (and fails the run) after this
+RUN_TIMEOUT_S = 600.0  # one driver from start to its exit, on a loaded two-core machine
+REPO = Path(__file__).resolve().parent.parent
+SNAPSHOT = "checkpoint_manager_snapshot.json"  # ray/train/v2/_internal/constants.py, Ray 2.58.0
 
 
-def main(out: str, name: str) -> int:
+def gated_train_func(config: dict) -> None:
+    """The product's `train_func`, with rank 0 stopped after it reports `config["test_gate"]["after"]`.
+
+    Ray Train runs this on every worker; `ray.train.report` is looked up on the module at each call
+    (`workloads/fsdp_finetune/train.py` calls `ray.train.report(...)`), so wrapping it here is seen there.
+    The report itself is Ray's: with `CheckpointUploadMode.ASYNC` it returns once the upload is queued on
+    the worker's upload thread (ray/train/v2/_internal/execution/context.py, Ray 2.58.0 `report`,
+    `_upload_checkpoint_and_report`), which then uploads and hands the result to the controller on its own.
+    """
+    import threading
+
+    import ray.train
+
+    from workloads.fsdp_finetune import train
+
+    gate = config.get("test_gate")
+    if gate and ray.train.get_context().get_world_rank() == 0:
+        report = ray.train.report
+
+        def report_then_stop(metrics, *args, **kwargs):
+            report(metrics, *args, **kwargs)
+            if kwargs.get("checkpoint_dir_name") == gate["after"]:
+                Path(gate["marker"]).write_text(f"rank 0 reported {gate['after']}\n")
+                if not threading.Event().wait(GATE_TIMEOUT_S):
+                    raise RuntimeError(f"test gate after {gate['after']}: not killed in {GATE_TIMEOUT_S:.0f} s")
+
+        ray.train.report = report_then_stop
+    # In a Ray worker `train.train_func` is the product's own: the substitution below happens in the driver.
+    train.train_func(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.driver_run")
+    parser.add_argument("out")
+    parser.add_argument("name")
+    parser.add_argument("--storage", default=None, help="s3://bucket/prefix (default: OUTPUT_DIR)")
+    parser.add_argument("--gate", default=None, help="checkpoint folder name after which rank 0 stops")
+    parser.add_argument("--gate-marker", default=None, help="file rank 0 writes when it reaches the gate")
+    args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    from workloads.fsdp_finetune import train
     from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
 
+    root = Path(args.out)
+    plan, _ = local_plan(root / args.name, assets_dir=root / "assets", run_name=args.name, **JOB)
+    if args.storage:
+        storage = args.storage.rstrip("/")
+        plan.storage_path = storage
+        plan.run_dir = f"{storage}/{args.name}"
+        plan.export_uri = f"{storage}/{args.name}/model"
+        plan.metrics_path = None  # rank 0 logs; the metrics live in S3 only
+    extra = {}
+    if args.gate:
+        # build_trainer takes `train_func` from this module when it builds the trainer; Ray pickles the
+        # wrapper by reference (tests.driver_run.gated_train_func) and its workers import it from the repo,
+        # which Ray puts on their path (the driver's working directory: ray/_private/worker.py, 2.58.0).
+        from tests.driver_run import gated_train_func as gated
+
+        train.train_func = gated
+        extra["test_gate"] = {"after": args.gate, "marker": str(Path(args.gate_marker).resolve())}
     start_local_ray()
-    root = Path(out)
-    plan, _ = local_plan(root / name, assets_dir=root / "assets", run_name=name, **{**JOB, "report_every": 1})
-    result = run_training(plan)
+    result = run_training(plan, **extra)
     return 0 if result.error is None else 1
 
 
+# ---- for the tests --------------------------------------------------------------------------------------------
+
+def start(out: Path, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`python -m tests.driver_run out name *args` in a new process group, its output in out/<name>-driver.log."""
+    env = {**(os.environ if env is None else env), "RAY_USAGE_STATS_ENABLED": "0"}
+    with (out / f"{name}-driver.log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "tests.driver_run", str(out), name, *args], cwd=REPO,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def latest_registered(snapshot: str | None) -> str | None:
+    """The latest checkpoint in Ray's checkpoint manager snapshot (`_CheckpointManagerState`,
+    ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py, Ray 2.58.0), written to storage each
+    time a checkpoint is registered and read by the next fit() under the same name to resume from."""
+    if not snapshot:
+        return None
+    try:
+        latest = json.loads(snapshot).get("latest_checkpoint_result") or {}
+    except ValueError:  # read while being written
+        return None
+    return latest.get("checkpoint_dir_name")
+
+
+def log_tail(out: Path, name: str) -> str:
+    return (out / f"{name}-driver.log").read_text(errors="replace")[-4000:]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` is still running (zombies not counted: they hold nothing)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def kill_group(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGKILL the driver's whole process group and wait until none of it runs (bounded)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=timeout_s)
+    wait_for(lambda: not _group_alive(proc.pid), timeout_s, f"process group {proc.pid} to end")
+
+
+def wait_exit(proc: subprocess.Popen, out: Path, name: str, timeout_s: float = RUN_TIMEOUT_S) -> int:
+    """The driver's exit status; the group is killed and the log tail raised if it runs past `timeout_s`."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise AssertionError(f"{name} did not finish in {timeout_s:.0f} s: {log_tail(out, name)}") from None
+
+
+def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None,
+             out: Path | None = None, name: str = "") -> None:
+    """Poll `condition` until true; fail after `timeout_s`, or at once when `proc` (the driver) has ended."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the driver ended (status {proc.returncode}) while waiting for {what}: "
+                                 f"{log_tail(out, name) if out else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.1)  # the poll interval of a bounded wait on a condition, not a wait for time to pass
+
+
+def weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main())

@@ -10,6 +10,9 @@ One module owns them so every test (and every later issue) starts them the same 
 * `pod_identity`: an EKS-Pod-Identity-style credential endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`
   plus `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`) that hands out credentials only to callers that
   send the token, and counts its calls.
+* `stalling_proxy`: an HTTP proxy in front of another loopback server (moto) that forwards every
+  request, except that once armed it holds the uploads (PUT, POST) whose path contains a given text:
+  they never complete, so a test can kill a job while its checkpoint upload is in flight, every time.
 
 Each server is a context manager; `SERVERS` maps a name to its factory so a new one (a Prometheus
 server, ...) is one `@register("name")` class away, and `serve("moto", ...)` starts several under
@@ -23,11 +26,13 @@ exits when the test process's pipe to it closes (so a killed pytest leaves no se
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -731,6 +736,162 @@ class NodeExporter:
             self._tmp = None
 
 # ---- end of issue 23 (EFA) block ---------------------------------------------------------------------------------
+
+
+# ---- issue 19: a proxy that holds uploads, so a kill lands mid-upload every time ---------------------------------
+
+HOLD_TIMEOUT_S = 300.0  # a held upload whose client never goes away is dropped after this
+UPSTREAM_TIMEOUT_S = 60.0
+# Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own on each side; the body is re-sent whole, with its length.
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+               "content-length"}
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the AWS SDK inside pyarrow expects of S3
+    proxy: StallingProxy  # set on a per-server subclass
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self._relay()
+
+    do_HEAD = do_PUT = do_POST = do_DELETE = do_GET  # noqa: N815
+
+    def _body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _relay(self) -> None:
+        body = self._body()  # the whole request first: a held one never reaches the server behind
+        if self.proxy._hold(self):
+            self.close_connection = True
+            return
+        # One upstream connection per request, closed before the reply goes back: no connection to the
+        # server behind outlives a request, whatever happens to the client (moto 5.2.5's server stopped
+        # answering after a client died mid-body: see `_moto_child`).
+        upstream = http.client.HTTPConnection(self.proxy.upstream_host, self.proxy.upstream_port,
+                                              timeout=UPSTREAM_TIMEOUT_S)
+        try:
+            # Headers as the client sent them, Host included: the SigV4 signature covers it.
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for key, value in self.headers.items():
+                if key.lower() not in _HOP_BY_HOP:
+                    upstream.putheader(key, value)
+            if body or self.command in ("PUT", "POST"):
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body or None)
+            reply = upstream.getresponse()
+            data = reply.read()
+            status, reason, headers = reply.status, reply.reason, reply.getheaders()
+        finally:
+            upstream.close()
+        self.send_response_only(status, reason)
+        for key, value in headers:
+            if key.lower() not in _HOP_BY_HOP:
+                self.send_header(key, value)
+        # A HEAD reply's Content-Length is the object's size; its body is empty.
+        length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
+        self.send_header("Content-Length", length if self.command == "HEAD" else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        with self.proxy._lock:
+            self.proxy.forwarded += 1
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@register("stalling_proxy")
+class StallingProxy:
+    """An HTTP proxy on 127.0.0.1:<port 0> in front of `upstream` (an `http://host:port` URL).
+
+    It forwards each request whole and relays the reply. After `arm(text)` it holds every upload (PUT or
+    POST: PutObject, UploadPart, Create/CompleteMultipartUpload) whose path contains `text`: the request
+    is read, never forwarded and never answered, so the client's upload cannot complete; the hold ends
+    when the client goes away (killed), at `HOLD_TIMEOUT_S`, or when the proxy stops, and the client's
+    connection is then closed. `held` lists the held paths; `wait_held` waits for one. The server behind
+    never sees a held request, nor a part of one.
+    """
+
+    def __init__(self, upstream: str):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(upstream)
+        self.upstream_host, self.upstream_port = parts.hostname, parts.port
+        self.endpoint_url = ""
+        self.forwarded = 0
+        self._armed: str | None = None
+        self._held: list[str] = []
+        self._lock = threading.Condition()
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StallingProxy:
+        handler = type("Handler", (_ProxyHandler,), {"proxy": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stopping.set()  # releases every hold within one poll
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=STOP_TIMEOUT_S)
+            self._server = None
+
+    def arm(self, text: str) -> None:
+        with self._lock:
+            self._armed = text
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = None
+
+    @property
+    def held(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    def wait_held(self, timeout_s: float) -> list[str]:
+        """The held paths, once there is one; TimeoutError after `timeout_s` without any."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._held, timeout=timeout_s):
+                raise TimeoutError(f"no upload held within {timeout_s:.0f} s ({self.forwarded} requests forwarded)")
+            return list(self._held)
+
+    def _hold(self, handler: _ProxyHandler) -> bool:
+        """Hold the handler's request if armed for it (returns once the hold ends); False to forward it."""
+        with self._lock:
+            if not (self._armed and handler.command in ("PUT", "POST") and self._armed in handler.path):
+                return False
+            self._held.append(handler.path)
+            self._lock.notify_all()
+        sock, deadline = handler.connection, time.monotonic() + HOLD_TIMEOUT_S
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select([sock], [], [], 0.2)
+            if not readable:
+                continue
+            try:
+                if not sock.recv(1, socket.MSG_PEEK):  # end of stream: the client is gone
+                    break
+            except OSError:
+                break
+            self._stopping.wait(0.2)  # bytes beyond the held request: not read, the hold goes on
+        return True
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@ Pod-Identity-style credential endpoint as the only source of credentials (tests/
 
 * the driver's storage check (`storage_check`) round-trips one object through pyarrow's S3
   filesystem, as Ray Train will, and names the cause when the token or the policy is wrong;
-* a real local Ray Train run checkpoints to s3://, loses a worker with no restart left (fit fails),
-  and a rerun under the same name resumes from the checkpoint in S3; the exported model and the
-  tracking folder land in S3 too; the credential endpoint was called, always with the token.
+* a kill during a checkpoint upload: a real local Ray Train run (a driver process, `tests/driver_run.py`)
+  checkpoints to s3:// through `StallingProxy`, which holds checkpoint 4's upload; the driver's whole
+  process group is SIGKILLed while it is held, and a rerun under the same name resumes from checkpoint 2,
+  the last complete one, never the partial 4, and ends with an unbroken run's weights; the exported model,
+  the tracking folder and the rank logs land in S3 too; the credential endpoint was called, always with
+  the token.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from tests.loopback import PodIdentityEndpoint, s3_policy  # noqa: E402
-from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray  # noqa: E402
+from tests import driver_run  # noqa: E402
+from tests.driver_run import SNAPSHOT, latest_registered  # noqa: E402
+from tests.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
 from workloads.fsdp_finetune.storage_check import storage_problem  # noqa: E402
 
 BUCKET = "train-s3-path"
-JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
-           checkpoint_every=4, report_every=2, eval_every=6, learning_rate=3e-3)
+HELD = "checkpoint_step_0000004"  # the upload the proxy holds (tests/driver_run.py: checkpoints 2, 4, 6)
+COMPLETE = "checkpoint_step_0000002"  # the last checkpoint whose upload completed before the kill
+HOLD_WAIT_S = 300.0  # driver start, Ray start, model build and 4 steps on a loaded two-core machine
 
 
 @pytest.fixture(scope="module")
@@ -64,61 +69,82 @@ def test_storage_check_names_a_bucket_the_role_cannot_write(pod_identity, moto_s
     assert "AccessDenied" in problem or "Access Denied" in problem or "403" in problem
 
 
+def _object(moto_server, key: str) -> bytes | None:
+    s3 = moto_server.client("s3")
+    try:
+        return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
 @pytest.fixture(scope="module")
-def cluster(pod_identity):
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    start_local_ray()  # its processes inherit the environment: the endpoint is their only credential source
-    yield
-    ray.shutdown()
+def upload_killed(pod_identity, moto_server, tmp_path_factory):
+    """A driver SIGKILLed (its whole process group) while checkpoint 4's upload is held, then rerun.
+
+    Ray Train registers a checkpoint only once every rank's upload has finished and its report has been
+    taken (`_upload_checkpoint`, then `_wait_then_report`: ray/train/v2/_internal/execution/context.py,
+    Ray 2.58.0), and a rerun resumes from the latest registered one, named in the checkpoint manager's
+    snapshot in storage (`_maybe_load_state_from_storage`, execution/checkpoint/checkpoint_manager.py).
+    The kill lands while the upload is held, not by timing: the test waits for the proxy to hold one of
+    checkpoint 4's files and for checkpoint 2 to be registered; rank 0 waits after reporting 4
+    (`driver_run --gate`), so no later step trains meanwhile.
+    """
+    out = tmp_path_factory.mktemp("s3kill")
+    name, storage, marker = "s3-run", f"s3://{BUCKET}/checkpoints", out / "gate"
+    calls_before = pod_identity.authorized_calls
+    with StallingProxy(moto_server.endpoint_url) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}  # pyarrow's S3 traffic through the proxy
+        proxy.arm(HELD)
+        proc = driver_run.start(out, name, "--storage", storage, "--gate", HELD, "--gate-marker", str(marker),
+                                env=env)
+        try:
+            driver_run.wait_for(
+                lambda: proxy.held and latest_registered(
+                    (_object(moto_server, f"checkpoints/{name}/{SNAPSHOT}") or b"").decode()) == COMPLETE,
+                HOLD_WAIT_S, f"{HELD}'s upload held with {COMPLETE} registered", proc, out, name)
+        finally:
+            driver_run.kill_group(proc)
+        killed = {"held": proxy.held, "keys": _objects(moto_server, f"checkpoints/{name}/"),
+                  "snapshot": latest_registered(_object(moto_server, f"checkpoints/{name}/{SNAPSHOT}").decode())}
+        proxy.disarm()
+        status = driver_run.wait_exit(driver_run.start(out, name, "--storage", storage, env=env), out, name)
+        assert status == 0, driver_run.log_tail(out, name)
+    return killed, calls_before
 
 
-# Skipped in CI only: in 1 of 3 runs on the 2-core machine moto 5.2.5's server stopped answering every request after
-# the worker was killed mid-upload (a curl to it timed out; 77 connections open), and the test then hangs until the
-# suite's 900 s timeout. Real S3 has no such server-wide wedge; `make test` outside CI still runs it.
-@pytest.mark.skipif(os.environ.get("CI") == "true", reason="moto 5.2.5 server can wedge after a worker is killed "
-                    "mid-upload (see the comment); runs in `make test` outside CI")
-def test_killed_run_resumes_from_s3_and_writes_model_and_tracking_there(cluster, pod_identity, moto_server,
-                                                                         tmp_path_factory):
+def test_a_kill_during_a_checkpoint_upload_leaves_that_checkpoint_unregistered(upload_killed):
+    killed, _ = upload_killed
+    assert killed["held"] and all(HELD in path for path in killed["held"])
+    assert killed["snapshot"] == COMPLETE
+    assert not any("/model/" in k for k in killed["keys"])  # the killed run trained no step past 4
+
+
+def test_the_rerun_resumes_from_the_last_complete_checkpoint_with_unbroken_weights(upload_killed, moto_server,
+                                                                                 unbroken_model):
     from safetensors.torch import load
 
-    root = tmp_path_factory.mktemp("s3run")
-    plan, _ = local_plan(root / "run", assets_dir=root / "assets", run_name="s3-run", max_failures=0, **JOB)
-    storage = f"s3://{BUCKET}/checkpoints"
-    plan.storage_path = storage
-    plan.run_dir = f"{storage}/s3-run"
-    plan.export_uri = f"{storage}/s3-run/model"
-    plan.metrics_path = None  # rank 0 logs; the metrics live in S3 only
-    calls_before = pod_identity.authorized_calls
-    marker = root / "killed"
-
-    with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError, whatever its module
-        result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
-        if result.error:
-            raise result.error
-    assert marker.exists()
-    keys = _objects(moto_server, "checkpoints/s3-run/")
-    assert any(k.startswith("checkpoints/s3-run/checkpoint_step_0000008/") for k in keys)
-    assert not any("/model/" in k for k in keys)
-
-    result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
-    assert result.error is None
-    assert result.checkpoint.path.endswith("checkpoints/s3-run/checkpoint_step_0000012")
-
-    s3 = moto_server.client("s3")
-    body = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/metrics.jsonl")["Body"].read().decode()
+    body = _object(moto_server, "checkpoints/s3-run/metrics.jsonl").decode()
     records = [json.loads(line) for line in body.splitlines() if line.strip()]
-    assert [r["step"] for r in records] == [0, 2, 4, 6, 8, 10, 12]  # step 0: the untrained model's held-out loss
-    assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}  # from the checkpoint in S3
+    assert [r["step"] for r in records if r["step"] > 2] == [4, 6]
+    assert {r["resumed_from_step"] for r in records if r["step"] > 2} == {2}  # never the partial 4
+    weights = load(_object(moto_server, "checkpoints/s3-run/model/model.safetensors"))
+    assert driver_run.same_weights(weights, driver_run.weights(unbroken_model))
+
+
+def test_the_model_tracking_and_rank_logs_land_in_s3(upload_killed, moto_server):
     keys = _objects(moto_server, "checkpoints/s3-run/")
     assert any(k.split("/")[-1].startswith("events.out.tfevents") for k in keys)  # TensorBoard, beside metrics
     assert "checkpoints/s3-run/loss.png" in keys
-    weights = load(s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/model/model.safetensors")["Body"].read())
-    assert weights and "checkpoints/s3-run/model/tokenizer_config.json" in keys
-    # Logs outlive the cluster: each rank's last lines beside the metrics, the killed rank's last words too.
-    rank1 = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/logs/rank-1.log")["Body"].read().decode()
-    rank0 = s3.get_object(Bucket=BUCKET, Key="checkpoints/s3-run/logs/rank-0.log")["Body"].read().decode()
-    assert "exported the model" in rank0
-    assert "rank 1 exits abruptly" in rank1  # written before the kill, kept by the rerun's rank 1
-    # Ray's workers and the driver took their credentials from the endpoint, with the token, nothing else.
+    assert "checkpoints/s3-run/model/tokenizer_config.json" in keys
+    # Logs outlive the cluster: rank 0's last lines beside the metrics, the killed attempt's first lines kept
+    # above the rerun's (job_logs.attach_rank_tail).
+    rank0 = _object(moto_server, "checkpoints/s3-run/logs/rank-0.log").decode()
+    resumed = rank0.index(f"resumed from {BUCKET}/checkpoints/s3-run/{COMPLETE} at step 2")
+    assert "parameters, world size" in rank0[:resumed]  # the killed attempt's
+    assert "exported the model" in rank0[resumed:]
+
+
+def test_ray_took_credentials_only_from_the_endpoint_with_the_token(upload_killed, pod_identity):
+    _, calls_before = upload_killed
     assert pod_identity.authorized_calls > calls_before
     assert set(pod_identity.calls) == {pod_identity.token}
