@@ -1,6 +1,7 @@
 """A driver process for the driver-kill tests: its own local Ray cluster, one fit() of a tiny job.
 
-    python -m tests.driver_run OUTPUT_DIR RUN_NAME [--storage s3://BUCKET/PREFIX] [--gate CHECKPOINT --gate-marker FILE]
+    python -m tests.driver_run OUTPUT_DIR RUN_NAME [--assets DIR] [--storage s3://BUCKET/PREFIX]
+                               [--gate CHECKPOINT --gate-marker FILE]
 
 The tests run it in a new process group and SIGKILL the whole group mid-run (driver, its local Ray cluster,
 the workers), as a lost head or a killed `ray job` entrypoint would end it, then run it again under the same
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.driver_run")
     parser.add_argument("out")
     parser.add_argument("name")
+    parser.add_argument("--assets", default=None, help="the local job's model and data (default: OUTPUT_DIR/assets)")
     parser.add_argument("--storage", default=None, help="s3://bucket/prefix (default: OUTPUT_DIR)")
     parser.add_argument("--gate", default=None, help="checkpoint folder name after which rank 0 stops")
     parser.add_argument("--gate-marker", default=None, help="file rank 0 writes when it reaches the gate")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
 
     root = Path(args.out)
-    plan, _ = local_plan(root / args.name, assets_dir=root / "assets", run_name=args.name, **JOB)
+    plan, _ = local_plan(root / args.name, assets_dir=args.assets or root / "assets", run_name=args.name, **JOB)
     if args.storage:
         storage = args.storage.rstrip("/")
         plan.storage_path = storage

@@ -39,9 +39,10 @@ def _read(path) -> str | None:
         return None
 
 
-def test_driver_killed_and_resubmitted_resumes_and_ends_with_unbroken_weights(out, unbroken_model):
+def test_driver_killed_and_resubmitted_resumes_and_ends_with_unbroken_weights(out, driver_assets, unbroken_model):
     name, marker = "killed", out / "killed.gate"
-    proc = driver_run.start(out, name, "--gate", CHECKPOINT, "--gate-marker", str(marker))
+    job = ["--assets", str(driver_assets)]
+    proc = driver_run.start(out, name, *job, "--gate", CHECKPOINT, "--gate-marker", str(marker))
     snapshot = out / name / name / SNAPSHOT  # local_plan: storage OUT/<name>, Ray's run folder <storage>/<name>
     try:
         driver_run.wait_for(lambda: marker.exists() and latest_registered(_read(snapshot)) == CHECKPOINT,
@@ -50,7 +51,7 @@ def test_driver_killed_and_resubmitted_resumes_and_ends_with_unbroken_weights(ou
         driver_run.kill_group(proc)
     assert not (out / name / "model").exists()
 
-    assert driver_run.wait_exit(driver_run.start(out, name), out, name) == 0  # resubmitted under the same name
+    assert driver_run.wait_exit(driver_run.start(out, name, *job), out, name) == 0  # resubmitted under the same name
     records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert {r["resumed_from_step"] for r in records if r["step"] > RESUME_STEP} == {RESUME_STEP}
     assert driver_run.same_weights(driver_run.weights(out / name / "model"), driver_run.weights(unbroken_model))
@@ -78,14 +79,14 @@ def _keys(moto_server, prefix: str) -> list[str]:
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
-def test_driver_killed_through_s3_resumes_from_the_checkpoint_in_s3(out, s3, moto_server, unbroken_model):
+def test_driver_killed_through_s3_resumes_from_the_checkpoint_in_s3(out, s3, moto_server, driver_assets,
+                                                                    unbroken_model):
     from safetensors.torch import load
 
     endpoint, env = s3
     name, marker, storage = "s3-killed", out / "s3-killed.gate", f"s3://{BUCKET}/checkpoints"
-    run = f"checkpoints/{name}"
-    proc = driver_run.start(out, name, "--storage", storage, "--gate", CHECKPOINT, "--gate-marker", str(marker),
-                            env=env)
+    run, job = f"checkpoints/{name}", ["--assets", str(driver_assets), "--storage", storage]
+    proc = driver_run.start(out, name, *job, "--gate", CHECKPOINT, "--gate-marker", str(marker), env=env)
     try:
         driver_run.wait_for(
             lambda: marker.exists() and latest_registered((_object(moto_server, f"{run}/{SNAPSHOT}") or b"")
@@ -95,7 +96,7 @@ def test_driver_killed_through_s3_resumes_from_the_checkpoint_in_s3(out, s3, mot
         driver_run.kill_group(proc)
     assert not [k for k in _keys(moto_server, f"{run}/") if "/model/" in k]
 
-    assert driver_run.wait_exit(driver_run.start(out, name, "--storage", storage, env=env), out, name) == 0
+    assert driver_run.wait_exit(driver_run.start(out, name, *job, env=env), out, name) == 0
     body = _object(moto_server, f"{run}/metrics.jsonl").decode()
     records = [json.loads(line) for line in body.splitlines() if line.strip()]
     assert {r["resumed_from_step"] for r in records if r["step"] > RESUME_STEP} == {RESUME_STEP}

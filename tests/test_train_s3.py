@@ -78,7 +78,7 @@ def _object(moto_server, key: str) -> bytes | None:
 
 
 @pytest.fixture(scope="module")
-def upload_killed(pod_identity, moto_server, tmp_path_factory):
+def upload_killed(pod_identity, moto_server, driver_assets, tmp_path_factory):
     """A driver SIGKILLed (its whole process group) while checkpoint 4's upload is held, then rerun.
 
     Ray Train registers a checkpoint only once every rank's upload has finished and its report has been
@@ -95,8 +95,8 @@ def upload_killed(pod_identity, moto_server, tmp_path_factory):
     with StallingProxy(moto_server.endpoint_url) as proxy:
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint_url}  # pyarrow's S3 traffic through the proxy
         proxy.arm(HELD)
-        proc = driver_run.start(out, name, "--storage", storage, "--gate", HELD, "--gate-marker", str(marker),
-                                env=env)
+        job = ["--assets", str(driver_assets), "--storage", storage]
+        proc = driver_run.start(out, name, *job, "--gate", HELD, "--gate-marker", str(marker), env=env)
         try:
             driver_run.wait_for(
                 lambda: proxy.held and latest_registered(
@@ -107,7 +107,7 @@ def upload_killed(pod_identity, moto_server, tmp_path_factory):
         killed = {"held": proxy.held, "keys": _objects(moto_server, f"checkpoints/{name}/"),
                   "snapshot": latest_registered(_object(moto_server, f"checkpoints/{name}/{SNAPSHOT}").decode())}
         proxy.disarm()
-        status = driver_run.wait_exit(driver_run.start(out, name, "--storage", storage, env=env), out, name)
+        status = driver_run.wait_exit(driver_run.start(out, name, *job, env=env), out, name)
         assert status == 0, driver_run.log_tail(out, name)
     return killed, calls_before
 
