@@ -1,15 +1,17 @@
-"""The loopback servers themselves: moto refuses what real S3 refuses; the credential endpoint checks its token."""
+"""The loopback servers themselves: moto refuses what real S3 refuses; the credential endpoint checks its token;
+the stalling proxy forwards signed requests and holds the armed uploads only."""
 
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.loopback import Keys, PodIdentityEndpoint, s3_policy, serve
+from tests.loopback import SERVERS, Keys, PodIdentityEndpoint, StallingProxy, s3_policy, serve
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,49 @@ def test_servers_are_registered_and_stop_on_exit():
     assert proc.poll() is not None  # the child exited with the context
     with pytest.raises(OSError):  # connection refused: nothing listens any more
         urllib.request.urlopen(moto.endpoint_url, timeout=2)
+
+
+def _client_through(moto_server, proxy, keys):
+    """A boto3 S3 client signed with `keys` that talks to moto through `proxy` (one attempt, short timeouts)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session(aws_access_key_id=keys.access_key_id, aws_secret_access_key=keys.secret_access_key,
+                                 region_name="us-west-2").client(
+        "s3", endpoint_url=proxy.endpoint_url,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=30))
+
+
+def test_the_stalling_proxy_forwards_signed_requests(moto_server, bucket, writer):
+    with StallingProxy(moto_server.endpoint_url) as proxy:
+        s3 = _client_through(moto_server, proxy, writer)
+        s3.put_object(Bucket=bucket, Key="via-proxy", Body=b"through")  # the SigV4 signature still matches
+        assert s3.get_object(Bucket=bucket, Key="via-proxy")["Body"].read() == b"through"
+        assert s3.head_object(Bucket=bucket, Key="via-proxy")["ContentLength"] == len(b"through")
+        assert proxy.forwarded == 3 and proxy.held == []
+    assert SERVERS["stalling_proxy"] is StallingProxy
+
+
+def test_the_stalling_proxy_holds_armed_uploads_until_the_client_goes(moto_server, bucket, writer):
+    with StallingProxy(moto_server.endpoint_url) as proxy:
+        proxy.arm("checkpoint_step_0000004")
+        s3 = _client_through(moto_server, proxy, writer)
+        s3.put_object(Bucket=bucket, Key="run/checkpoint_step_0000002/a", Body=b"complete")  # not armed
+        failed: list[Exception] = []
+
+        def upload():
+            try:
+                s3.put_object(Bucket=bucket, Key="run/checkpoint_step_0000004/a", Body=b"held")
+            except Exception as exc:  # noqa: BLE001 - the client sees its connection closed
+                failed.append(exc)
+
+        uploader = threading.Thread(target=upload, daemon=True)
+        uploader.start()
+        assert proxy.wait_held(30) == [f"/{bucket}/run/checkpoint_step_0000004/a"]
+        assert uploader.is_alive()  # no reply while held
+        assert _absent(moto_server, bucket, "run/checkpoint_step_0000004/a")  # never forwarded; moto answers
+    uploader.join(timeout=30)  # the proxy stopped: the held connection was closed
+    assert not uploader.is_alive() and failed
+    assert _absent(moto_server, bucket, "run/checkpoint_step_0000004/a")
+    assert moto_server.client("s3").get_object(Bucket=bucket, Key="run/checkpoint_step_0000002/a")["Body"].read() \
+        == b"complete"
