@@ -88,6 +88,7 @@ def main() -> int:
     cases = args.cases.split(",")
     assets = prepare_local_assets(root / "assets").model_dir.parent
     figures: dict[str, dict] = {}
+    proxy_events: list = []
 
     if "local" in cases:
         def read_local(name: str, run: bool = False) -> str | None:
@@ -115,7 +116,10 @@ def main() -> int:
                            "RAY_USAGE_STATS_ENABLED": "0"}
                     figures[case] = _case(root, case, assets, env=env, storage=f"s3://{BUCKET}/checkpoints",
                                           read=read_s3, proxy=proxy if case == "upload" else None)
+                proxy_events.extend(proxy.events)
     figures["load_average_1m"] = os.getloadavg()[0]
+    if os.environ.get("PROXY_EVENTS"):
+        Path(os.environ["PROXY_EVENTS"]).write_text("\n".join(map(str, proxy_events)))
     print(json.dumps(figures))
     return 0
 

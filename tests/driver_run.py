@@ -133,24 +133,48 @@ def log_tail(out: Path, name: str) -> str:
     return (out / f"{name}-driver.log").read_text(errors="replace")[-4000:]
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group `pgid` is still running (zombies not counted: they hold nothing)."""
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Every process: pid -> (parent pid, process group, state), from /proc."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            found[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), fields[0])
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return found
+
+
+def _tree(pid: int) -> set[int]:
+    """`pid`'s process group and all its descendants. Ray's workers are not in the driver's group: the raylet
+    starts each in a group of its own (their pgid is their pid), so a kill of the group alone leaves them to
+    notice their raylet's death in their own time."""
+    procs = _processes()
+    members = {p for p, (_, pgid, _) in procs.items() if pgid == pid} | {pid}
+    grew = True
+    while grew:
+        children = {p for p, (ppid, _, _) in procs.items() if ppid in members} - members
+        members |= children
+        grew = bool(children)
+    return members
 
 
 def kill_group(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    """SIGKILL the driver's whole process group and wait until none of it runs (bounded)."""
+    """SIGKILL the driver's process group and every process below it (its Ray cluster's workers included),
+    all at once, and wait until none of them runs (zombies aside: they hold nothing). Bounded."""
+    members = _tree(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=timeout_s)
-    wait_for(lambda: not _group_alive(proc.pid), timeout_s, f"process group {proc.pid} to end")
+
+    def gone() -> bool:
+        procs = _processes()
+        return not any(p in procs and procs[p][2] != "Z" for p in members)
+
+    wait_for(gone, timeout_s, f"driver {proc.pid}'s processes to end")
 
 
 def wait_exit(proc: subprocess.Popen, out: Path, name: str, timeout_s: float = RUN_TIMEOUT_S) -> int:
@@ -163,7 +187,7 @@ def wait_exit(proc: subprocess.Popen, out: Path, name: str, timeout_s: float = R
 
 
 def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None,
-             out: Path | None = None, name: str = "") -> None:
+             out: Path | None = None, name: str = "", interval_s: float = 0.1) -> None:
     """Poll `condition` until true; fail after `timeout_s`, or at once when `proc` (the driver) has ended."""
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -171,8 +195,8 @@ def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | No
             raise AssertionError(f"the driver ended (status {proc.returncode}) while waiting for {what}: "
                                  f"{log_tail(out, name) if out else ''}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s:.0f} s")
-        time.sleep(0.1)  # the poll interval of a bounded wait on a condition, not a wait for time to pass
+            raise AssertionError(f"no {what} within {timeout_s:.0f} s: {log_tail(out, name) if out else ''}")
+        time.sleep(interval_s)  # the poll interval of a bounded wait on a condition, not a wait for time to pass
 
 
 def weights(model_dir: Path) -> dict:

@@ -756,22 +756,38 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     do_HEAD = do_PUT = do_POST = do_DELETE = do_GET  # noqa: N815
 
-    def _body(self) -> bytes:
+    def _body(self) -> bytes | None:
+        """The request's whole body, or None when the client went away before sending all of it."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             parts = []
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline()
+                if not line:
+                    return None
+                size = int(line.split(b";")[0].strip() or b"0", 16)
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
-                        pass
+                    while (line := self.rfile.readline()) not in (b"\r\n", b"\n"):  # trailers
+                        if not line:
+                            return None
                     return b"".join(parts)
                 parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if len(parts[-1]) < size or not self.rfile.readline():
+                    return None
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        return body if len(body) == length else None
 
     def _relay(self) -> None:
         body = self._body()  # the whole request first: a held one never reaches the server behind
+        self.proxy._note(self.command, self.path, "received")
+        if body is None:
+            # The client went away mid-body (killed): nothing of it goes on, so the server behind never
+            # waits for the rest of a body (moto 5.2.5 could, and then served nothing else: `_moto_child`).
+            self.proxy._note(self.command, self.path, "incomplete body: dropped")
+            self.close_connection = True
+            return
         if self.proxy._hold(self):
+            self.proxy._note(self.command, self.path, "hold ended")
             self.close_connection = True
             return
         # One upstream connection per request, closed before the reply goes back: no connection to the
@@ -805,6 +821,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         with self.proxy._lock:
             self.proxy.forwarded += 1
+        self.proxy._note(self.command, self.path, f"forwarded: {status}")
 
     def log_message(self, *args):  # quiet
         pass
@@ -829,6 +846,7 @@ class StallingProxy:
         self.upstream_host, self.upstream_port = parts.hostname, parts.port
         self.endpoint_url = ""
         self.forwarded = 0
+        self.events: list[tuple[float, str, str, str]] = []  # (time, method, path, what happened): for a failure
         self._armed: str | None = None
         self._held: list[str] = []
         self._lock = threading.Condition()
@@ -872,6 +890,10 @@ class StallingProxy:
             if not self._lock.wait_for(lambda: self._held, timeout=timeout_s):
                 raise TimeoutError(f"no upload held within {timeout_s:.0f} s ({self.forwarded} requests forwarded)")
             return list(self._held)
+
+    def _note(self, method: str, path: str, what: str) -> None:
+        with self._lock:
+            self.events.append((time.time(), method, path, what))
 
     def _hold(self, handler: _ProxyHandler) -> bool:
         """Hold the handler's request if armed for it (returns once the hold ends); False to forward it."""

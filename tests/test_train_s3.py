@@ -47,8 +47,16 @@ def pod_identity(moto_server):
             os.environ.update(saved)
 
 
+_CLIENTS: dict = {}
+
+
+def _client(moto_server):
+    """One admin S3 client per server: the test polls through it, and each new client opens new connections."""
+    return _CLIENTS.setdefault(moto_server.endpoint_url, moto_server.client("s3"))
+
+
 def _objects(moto_server, prefix: str) -> list[str]:
-    pages = moto_server.client("s3").get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    pages = _client(moto_server).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
@@ -70,7 +78,7 @@ def test_storage_check_names_a_bucket_the_role_cannot_write(pod_identity, moto_s
 
 
 def _object(moto_server, key: str) -> bytes | None:
-    s3 = moto_server.client("s3")
+    s3 = _client(moto_server)
     try:
         return s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     except s3.exceptions.NoSuchKey:
@@ -101,7 +109,7 @@ def upload_killed(pod_identity, moto_server, driver_assets, tmp_path_factory):
             driver_run.wait_for(
                 lambda: proxy.held and latest_registered(
                     (_object(moto_server, f"checkpoints/{name}/{SNAPSHOT}") or b"").decode()) == COMPLETE,
-                HOLD_WAIT_S, f"{HELD}'s upload held with {COMPLETE} registered", proc, out, name)
+                HOLD_WAIT_S, f"{HELD}'s upload held with {COMPLETE} registered", proc, out, name, interval_s=0.5)
         finally:
             driver_run.kill_group(proc)
         killed = {"held": proxy.held, "keys": _objects(moto_server, f"checkpoints/{name}/"),
