@@ -65,7 +65,7 @@ def _case(root: Path, name: str, assets: Path, *, env: dict | None, storage: str
     if proxy:
         proxy.disarm()
     rerun = driver_run.start(root, name, *job, env=env)
-    driver_run.wait_for(lambda: any(r.get("step", 0) > resume for r in _rows(read("metrics.jsonl"))), WAIT_S,
+    driver_run.wait_for(lambda: any(r.get("resumed_from_step") == resume for r in _rows(read("metrics.jsonl"))), WAIT_S,
                         f"{name}: a row past step {resume}", rerun, root, name)
     training = time.time()
     status = driver_run.wait_exit(rerun, root, name)
@@ -88,7 +88,6 @@ def main() -> int:
     cases = args.cases.split(",")
     assets = prepare_local_assets(root / "assets").model_dir.parent
     figures: dict[str, dict] = {}
-    proxy_events: list = []
 
     if "local" in cases:
         def read_local(name: str, run: bool = False) -> str | None:
@@ -112,14 +111,15 @@ def main() -> int:
                             return None
                         return body.decode()
 
-                    env = {**endpoint.exclusive_env(proxy.endpoint_url if case == "upload" else moto.endpoint_url),
+                    env = {**endpoint.exclusive_env(proxy.endpoint_url),  # whole requests only reach moto
                            "RAY_USAGE_STATS_ENABLED": "0"}
-                    figures[case] = _case(root, case, assets, env=env, storage=f"s3://{BUCKET}/checkpoints",
-                                          read=read_s3, proxy=proxy if case == "upload" else None)
-                proxy_events.extend(proxy.events)
+                    try:
+                        figures[case] = _case(root, case, assets, env=env, storage=f"s3://{BUCKET}/checkpoints",
+                                              read=read_s3, proxy=proxy if case == "upload" else None)
+                    finally:
+                        if os.environ.get("PROXY_EVENTS"):
+                            Path(os.environ["PROXY_EVENTS"]).write_text("\n".join(map(str, proxy.events)))
     figures["load_average_1m"] = os.getloadavg()[0]
-    if os.environ.get("PROXY_EVENTS"):
-        Path(os.environ["PROXY_EVENTS"]).write_text("\n".join(map(str, proxy_events)))
     print(json.dumps(figures))
     return 0
 
