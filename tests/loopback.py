@@ -108,7 +108,7 @@ def s3_policy(bucket: str) -> dict:
                        [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"])
 
 
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+def _read_line(proc: subprocess.Popen, timeout_s: float, stderr_file=None) -> str:
     """The child's first stdout line, or an error with its stderr if it does not come in time."""
     deadline = time.monotonic() + timeout_s
     buf = b""
@@ -117,7 +117,9 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
         left = deadline - time.monotonic()
         if left <= 0 or proc.poll() is not None:
             _stop_child(proc)
-            err = proc.stderr.read().decode(errors="replace")[-3000:]
+            if stderr_file is not None:
+                stderr_file.seek(0)
+            err = (stderr_file or proc.stderr).read().decode(errors="replace")[-3000:]
             raise RuntimeError(f"loopback server did not start within {timeout_s:.0f} s: {err}")
         ready, _, _ = select.select([fd], [], [], min(left, 1.0))
         if ready:
@@ -156,10 +158,15 @@ class MotoServer:
 
     def __enter__(self) -> MotoServer:
         env = {k: v for k, v in os.environ.items() if k not in _OTHER_CREDENTIAL_VARS}
+        # The child's stderr goes to a file, not a pipe: nobody reads a pipe once the server is up, and when its
+        # 64 KiB filled, the thread logging a request blocked in the write holding the logging lock, and every
+        # other request thread queued behind it: moto answered nothing more (seen with py-spy after ~600
+        # requests; it looked like a wedge after a killed upload).
+        self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.loopback", "moto"], cwd=REPO, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      start_new_session=True)
-        info = json.loads(_read_line(self.proc, START_TIMEOUT_S))
+        info = json.loads(_read_line(self.proc, START_TIMEOUT_S, self._stderr))
         self.endpoint_url = f"http://127.0.0.1:{info['port']}"
         self.admin = Keys(**info["admin"])
         self.account_id = info["account_id"]
@@ -169,7 +176,7 @@ class MotoServer:
     def __exit__(self, *exc) -> None:
         if self.proc:
             _stop_child(self.proc)
-            for stream in (self.proc.stdout, self.proc.stderr):
+            for stream in (self.proc.stdout, self._stderr):
                 with contextlib.suppress(Exception):
                     stream.close()
             self.proc = None
@@ -350,7 +357,8 @@ def _moto_child() -> None:
     # body while holding it (werkzeug_app.py `get_application` -> `infer_service_region_host` -> `_get_body`):
     # one upload whose body stalls (a Ray worker killed mid-checkpoint) then blocks every other request,
     # which real S3 never does. The lock only guards a cache of per-service Flask apps, whose state lives in
-    # moto's global backends, so a duplicate app from a race is harmless.
+    # moto's global backends, so a duplicate app from a race is harmless. The tests that kill a driver also send
+    # its S3 traffic through `StallingProxy`, which passes only whole requests on.
     dispatcher_init = werkzeug_app.DomainDispatcherApplication.__init__
 
     def unlocked_init(self, *args, **kwargs):
@@ -358,6 +366,10 @@ def _moto_child() -> None:
         self.lock = contextlib.nullcontext()
 
     werkzeug_app.DomainDispatcherApplication.__init__ = unlocked_init
+    # One log line per request is noise (and grew the stderr file without bound); warnings and errors stay.
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     # No auth while the admin identity is made, through the server itself like any client ...
     settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
