@@ -821,6 +821,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             status, reason, headers = reply.status, reply.reason, reply.getheaders()
         finally:
             upstream.close()
+        with self.proxy._lock:  # counted before the reply goes back: a client that has its reply sees the count
+            self.proxy.forwarded += 1
         self.send_response_only(status, reason)
         for key, value in headers:
             if key.lower() not in _HOP_BY_HOP:
@@ -831,8 +833,6 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
-        with self.proxy._lock:
-            self.proxy.forwarded += 1
         self.proxy._note(self.command, self.path, f"forwarded: {status}")
 
     def log_message(self, *args):  # quiet
