@@ -358,7 +358,8 @@ def _moto_child() -> None:
     # one upload whose body stalls (a Ray worker killed mid-checkpoint) then blocks every other request,
     # which real S3 never does. The lock only guards a cache of per-service Flask apps, whose state lives in
     # moto's global backends, so a duplicate app from a race is harmless. The tests that kill a driver also send
-    # its S3 traffic through `StallingProxy`, which passes only whole requests on.
+    # its S3 traffic through `StallingProxy`, which passes only whole requests on. (The server-wide wedge once
+    # blamed on this lock was the unread stderr pipe: see `MotoServer.__enter__`.)
     dispatcher_init = werkzeug_app.DomainDispatcherApplication.__init__
 
     def unlocked_init(self, *args, **kwargs):
