@@ -140,14 +140,21 @@ def test_oversized_job_is_refused_naming_the_field(tmp_path):
     assert ", fits;" in smaller, smaller
 
 
-def test_tiny_local_model_plan(tmp_path):
-    """The architecture comes from the model directory's config.json; a few seconds of CPU."""
+def test_tiny_local_model_plan(tmp_path, capsys):
+    """The architecture comes from the model directory's config.json; a few seconds of CPU, so `main` (what
+    `python -m workloads.plan` exits with) runs in this process rather than after an interpreter start."""
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
+    from workloads.plan.__main__ import main
+    from workloads.plan.simulate import release_fake_process_group
 
     assets = prepare_local_assets(tmp_path / "assets")
     file = write_variant(tmp_path, {"job": {"model": str(assets.model_dir), "seq_len": 128,
                                             "micro_batch_size": 8, "global_batch_size": 64}})
-    p = plan_json(file)
+    try:
+        assert main([str(file), "--json"]) == 0
+    finally:
+        release_fake_process_group()  # a later test in this process may start a real process group
+    p = json.loads(capsys.readouterr().out)
     assert p["architecture_source"] == f"{assets.model_dir}/config.json"
     assert p["fits"] and 0 < p["peak_gib_per_gpu"] < 1
     assert p["state_bytes_per_gpu"] == pytest.approx(BYTES_PER_PARAM * p["params"] / 4, rel=0.02)
