@@ -169,3 +169,14 @@ def test_assemble_report_cluster_socket_fallback_fails(tmp_path):
     assemble_report(report, _payload([efa_lines, efa_lines], _rows(0.6)), config=config, efa=True, local=False)
     assert [(w, c.name) for w, c in report.failures] == [("all", "busbw-floor")]
     assert "0.60 GB/s" in report.failures[0][1].detail
+
+
+def test_preflights_started_within_one_second_get_their_own_ray_train_runs(monkeypatch):
+    """The run name was keyed on the whole second: two preflights in one second shared one run folder."""
+    import time
+
+    from workloads.preflight import runner
+
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.25)
+    monkeypatch.setattr(time, "strftime", lambda fmt, *args: "20231114-221320")
+    assert runner._run_name() != runner._run_name()

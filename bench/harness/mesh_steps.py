@@ -2,7 +2,8 @@
 
 One process per rank, each started as
 
-    python -m bench.harness.mesh_steps SPEC.json   (env RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+    python -m bench.harness.mesh_steps SPEC.json   (env RANK, WORLD_SIZE, and MASTER_ADDR + MASTER_PORT
+                                                    or MESH_STEPS_INIT_METHOD=file://STORE)
 
 so a launcher can put ranks in different network namespaces (`bench/two_node.py`) or on one
 machine (`launch_local`). Ranks `i*R .. i*R+R-1` (R = `ranks_per_node`) pretend to be node i:
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -151,8 +151,9 @@ def main(spec_path: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.environ.setdefault("K8S_NODE_NAME", f"sim-node-{rank // spec['ranks_per_node']}")
     torch.set_num_threads(spec.get("threads", 1))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=__import__("datetime").timedelta(
-        seconds=spec.get("timeout_s", 300)))
+    # Ranks on this machine meet through a FileStore (`launch` without `port`); across namespaces, env:// TCP.
+    dist.init_process_group("gloo", init_method=os.environ.get(STORE_ENV, "env://"), rank=rank, world_size=world,
+                            timeout=__import__("datetime").timedelta(seconds=spec.get("timeout_s", 300)))
     try:
         for phase in spec["phases"]:
             _phase(spec, phase, rank, world)
@@ -160,24 +161,31 @@ def main(spec_path: str) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+STORE_ENV = "MESH_STEPS_INIT_METHOD"
 
 
 def launch(spec: dict, *, world: int, prefix=lambda rank: [], env=lambda rank: {}, master_addr="127.0.0.1",
            port: int | None = None, timeout_s: float = 600) -> None:
-    """Start `world` rank processes (command `prefix(rank) + [python, -m, ...]`), wait, raise if one fails."""
-    Path(spec["out_dir"]).mkdir(parents=True, exist_ok=True)
-    spec_path = Path(spec["out_dir"]) / "spec.json"
+    """Start `world` rank processes (command `prefix(rank) + [python, -m, ...]`), wait, raise if one fails.
+
+    With `port` the ranks meet at `master_addr:port` (TCP; ranks in other network namespaces). Without it
+    they share this machine's file system and meet through a FileStore in `out_dir`, not a port picked by
+    binding port 0 and releasing it, which another process can take before rank 0 binds it (see tests/ranks.py).
+    """
+    out_dir = Path(spec["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    port = port or free_port()
+    if port:
+        rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(port)}
+    else:
+        store = out_dir / "gloo-store"
+        store.unlink(missing_ok=True)  # left by an earlier group that died: it would be read as this group's
+        rendezvous = {STORE_ENV: f"file://{store}"}
     procs = []
     for rank in range(world):
-        rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": master_addr,
-                    "MASTER_PORT": str(port), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-                    "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env(rank)}
+        rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), **rendezvous, "PYTHONPATH": str(REPO),
+                    "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env(rank)}
         procs.append(subprocess.Popen([*prefix(rank), sys.executable, "-m", "bench.harness.mesh_steps",
                                        str(spec_path)], env=rank_env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

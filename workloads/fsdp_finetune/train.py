@@ -195,12 +195,40 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
     at, marker = config.get("fail_at_step"), config.get("fail_marker")
     if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
         return
-    # Give Ray Train's controller a few polls to take the reports already made (a checkpoint counts
-    # only once every rank's report of it is in), so the failure lands at a known point of the run.
-    time.sleep(1 + 4 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")))
+    # The failure lands at a known point of the run: once Ray Train's controller has registered the
+    # last checkpoint before this step (it counts only once every rank's report of it is in). Waiting
+    # for that, not for a fixed number of polls, holds on a loaded machine too.
+    every = config["job"]["checkpoint_every"]
+    if step >= every:
+        import ray.train
+
+        want = f"{CHECKPOINT_PREFIX}{step // every * every:07d}"
+        storage = ray.train.get_context().get_storage()
+        deadline = time.monotonic() + 120
+        while (got := _registered_checkpoint(storage)) != want and time.monotonic() < deadline:
+            time.sleep(0.1)  # polling interval of a bounded wait on a condition
+        if got != want:
+            log.warning("fail_at_step=%d: %s not registered after 120 s (latest: %s)", step, want, got)
     Path(marker).write_text(f"killed at step {step}\n")
     log.warning("fail_at_step=%d: rank %d exits abruptly", step, rank)
     os._exit(1)
+
+
+def _registered_checkpoint(storage) -> str | None:
+    """The folder name of the checkpoint Ray Train's controller registered last, else None.
+
+    Read from the snapshot the controller writes to the run's storage after each registration (ray 2.58.0
+    ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py: `_write_state_to_storage`, whose
+    `latest_checkpoint_result.checkpoint_dir_name` is the name `train_func` reported it under).
+    """
+    import json
+
+    try:
+        with storage.storage_filesystem.open_input_stream(storage.checkpoint_manager_snapshot_path) as stream:
+            state = json.loads(stream.read())
+    except (OSError, ValueError):  # not written yet, or being written
+        return None
+    return (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
 
 
 HANG_BOUND_S = 600.0

@@ -212,10 +212,12 @@ def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int,
 
     The peak is close to affine in the micro-batch (activations and loss temporaries scale with
     it), so two measured points give a first guess, which is then measured and walked down.
-    `sequences` (per rank per step) stays fixed: a smaller micro-batch means more accumulation.
+    `sequences` (per rank per step) stays fixed: a smaller micro-batch means more accumulation, rounded up
+    as the suggested file rounds `job.global_batch_size` up (`suggest._fit_batch`), so the value named is
+    measured with the accumulation it will run with (under hybrid sharding a second micro-batch peaks higher).
     """
     def peak_at(mb: int, seq: int) -> int:
-        return fake.measure(mb, seq, max(1, sequences // mb)).peak
+        return fake.measure(mb, seq, -(-sequences // mb)).peak
 
     mb = micro_batch_size
     one = peak_at(1, seq_len) if mb > 1 else peak

@@ -171,7 +171,7 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None,
                            "collector": collector},
         scaling_config=scaling,
         torch_config=TorchConfig(backend=backend, timeout_s=600),
-        run_config=RunConfig(name=f"preflight-{int(time.time())}", storage_path=tempfile.gettempdir()),
+        run_config=RunConfig(name=_run_name(), storage_path=tempfile.gettempdir()),
     )
     report = PreflightReport(local=local, expect_transport=expect, world_size=world, backend=backend)
     try:
@@ -186,6 +186,14 @@ def run_preflight(config, *, local: bool, expect_transport: str | None = None,
         assemble_report(report, payload, config=config, efa=efa, local=local)
     print(report.marker_line(), file=sys.stderr, flush=True)
     return report
+
+
+def _run_name() -> str:
+    """A Ray Train run name of its own: two preflights started within one second (two tests, two users of one
+    machine) under a name keyed on the second alone would share one run folder in the temp dir."""
+    import uuid
+
+    return f"preflight-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def assemble_report(report: PreflightReport, payload: dict, *, config, efa: bool, local: bool) -> None:
