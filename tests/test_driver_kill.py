@@ -16,6 +16,7 @@ import json
 import pytest
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # driver processes with their own Ray clusters: `make check` leaves it out
 
 from tests import driver_run  # noqa: E402
 from tests.driver_run import SNAPSHOT, latest_registered  # noqa: E402

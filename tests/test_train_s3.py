@@ -19,6 +19,7 @@ import os
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # Ray runs against the local S3 server: `make check` leaves it out
 
 from tests import driver_run  # noqa: E402
 from tests.driver_run import SNAPSHOT, latest_registered  # noqa: E402
