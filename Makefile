@@ -105,8 +105,11 @@ demo: tools
 	if [ $$synth = failed ]; then echo "make demo: the fine-tune ran, but synthesis failed: $(DEMO_DIR)/synth.log" >&2; \
 	  exit 1; fi
 
+# Two processes (pytest-xdist): on two cores they overlap one module's waits (process starts, Ray's polls)
+# with another's work; a module runs whole in one process (tests/conftest.py). TEST_WORKERS=1 runs serially.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # The edit loop: every test not marked slow (pyproject.toml `markers`), in under a minute; CI runs `make test`.
 check: setup

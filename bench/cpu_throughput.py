@@ -29,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-def _bare_worker(rank: int, world: int, port: int, job: dict, accum: int, steps: int, window: int, out: str):
+def _bare_worker(rank: int, world: int, store: str, job: dict, accum: int, steps: int, window: int, out: str):
     import torch
     import torch.distributed as dist
 
@@ -37,9 +37,9 @@ def _bare_worker(rank: int, world: int, port: int, job: dict, accum: int, steps:
     from workloads.fsdp_finetune.model import build_model, shard_model
     from workloads.fsdp_finetune.train import _job_for_data, build_optimizer, build_scheduler, train_step
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # as Ray gives each 1-CPU worker
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file rendezvous: no port to pick (a probed free port can be taken by another process before gloo binds it).
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     device = torch.device("cpu")
     torch.manual_seed(job["seed"] + rank)
     from transformers import AutoTokenizer
@@ -69,16 +69,11 @@ def _bare_worker(rank: int, world: int, port: int, job: dict, accum: int, steps:
 
 def bare_loop(job: dict, accum: int, steps: int, window: int) -> list[float]:
     """Tokens/s (all workers) per window of a plain 2-process FSDP2 loop."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rates.json")
-        mp.spawn(_bare_worker, args=(2, port, job, accum, steps, window, out), nprocs=2)
+        mp.spawn(_bare_worker, args=(2, os.path.join(tmp, "store"), job, accum, steps, window, out), nprocs=2)
         return json.loads(Path(out).read_text())
 
 

@@ -6,6 +6,55 @@ import pytest
 
 from tests.loopback import MotoServer
 
+# A test that uses one of these starts a child process (moto's server) or a Ray run through it: `slow`, so
+# `make check` (pytest -m "not slow") leaves it out wherever the test itself is not marked.
+SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "unbroken_model", "driver_assets", "ec2_synth"})
+
+# `make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadfile`). Each module is one unit
+# of work, so its module-scoped fixtures (a Ray cluster, a run shared by its assertions) are made once;
+# modules that share an expensive session fixture are one unit together (`SHARED_UNITS`), or each process
+# would make it again. xdist hands out the units with the most tests first. Handing out the longest first
+# instead (Ray modules on both processes at once) measured slower on two cores: 740 s against 636 s.
+SHARED_UNITS = {"test_driver_kill": "driver-runs", "test_train_s3": "driver-runs"}  # unbroken_model, driver_assets
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def pytest_itemcollected(item):
+    # Marked as each test is collected, before `-m "not slow"` deselects (`pytest_collection_modifyitems`).
+    if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.slow)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with `SHARED_UNITS`: xdist's file scheduling, where a few files are one unit.
+
+    (xdist's own `xdist_group` marks did not group tests here: with pytest 9.2 and xdist 3.8.0 the workers'
+    node ids came back without the group suffix, so `--dist loadgroup` spread a group over both processes.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_UNITS.get(_module(nodeid)) or super()._split_scope(nodeid)
+
+    return SharedUnitScheduling(config, log)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """The workload's local Ray cluster (`start_local_ray`: 2 CPU workers and the controller) for one module's
+    runs, shut down after it."""
+    ray = pytest.importorskip("ray")
+    from workloads.fsdp_finetune.launch import start_local_ray
+
+    start_local_ray()
+    yield
+    ray.shutdown()
+
 
 @pytest.fixture(scope="session")
 def moto_server():

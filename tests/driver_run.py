@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 # The smallest job that still shows a resume: 3 checkpoints (2, 4, 6), a kill after 4 (or while 4 uploads),
@@ -188,15 +187,16 @@ def wait_exit(proc: subprocess.Popen, out: Path, name: str, timeout_s: float = R
 
 def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None,
              out: Path | None = None, name: str = "", interval_s: float = 0.1) -> None:
-    """Poll `condition` until true; fail after `timeout_s`, or at once when `proc` (the driver) has ended."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
+    """`tests.waiting.wait_for` that fails at once when `proc` (the driver) has ended, with the driver's log tail."""
+    from tests.waiting import wait_for as wait
+
+    def ready():
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the driver ended (status {proc.returncode}) while waiting for {what}: "
                                  f"{log_tail(out, name) if out else ''}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout_s:.0f} s: {log_tail(out, name) if out else ''}")
-        time.sleep(interval_s)  # the poll interval of a bounded wait on a condition, not a wait for time to pass
+        return condition()
+
+    wait(ready, timeout_s, what, interval_s=interval_s, detail=lambda: f": {log_tail(out, name)}" if out else "")
 
 
 def weights(model_dir: Path) -> dict:

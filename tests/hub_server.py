@@ -14,10 +14,10 @@ import hashlib
 import json
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from tests.loopback import STOP_TIMEOUT_S, register
+from tests.loopback import ThreadedHTTPServer, register
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -93,14 +93,9 @@ class FakeHub:
 
     def __enter__(self) -> FakeHub:
         handler = type("Handler", (_Handler,), {"hub": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadedHTTPServer(handler)
+        self.url = f"http://127.0.0.1:{self._server.port}"
         return self
 
     def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=STOP_TIMEOUT_S)
+        self._server.close()

@@ -61,6 +61,32 @@ _OTHER_CREDENTIAL_VARS = (
 SERVERS: dict[str, Callable[..., contextlib.AbstractContextManager]] = {}
 
 
+# socketserver's `serve_forever` looks for a `shutdown()` request once per `poll_interval`, 0.5 s by default
+# (Lib/socketserver.py, Python 3.11): every stop of a thread-served loopback server waited up to that long.
+SERVE_POLL_S = 0.02
+
+
+class ThreadedHTTPServer:
+    """A `ThreadingHTTPServer` on 127.0.0.1 (port 0) served from a daemon thread; `close()` stops it at once.
+
+    The one way tests serve HTTP from a thread (the Pod-Identity endpoint, the stalling proxy, the fake
+    Hugging Face Hub, the CRD mirror): request threads are daemons, so a held request never blocks the stop.
+    """
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": SERVE_POLL_S},
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=STOP_TIMEOUT_S)
+
+
 def register(name: str):
     """Class decorator: make a loopback server startable as `serve(name)`."""
     def wrap(cls):
@@ -285,8 +311,7 @@ class PodIdentityEndpoint:
         self.token = token or secrets.token_urlsafe(24)
         self.account_id = account_id
         self._tmp: tempfile.TemporaryDirectory | None = None
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedHTTPServer | None = None
         self.token_file = ""
         self.url = ""
 
@@ -294,22 +319,17 @@ class PodIdentityEndpoint:
         state = _EndpointState(self.token, self._credentials, self.account_id)
         handler = type("Handler", (_CredentialsHandler,), {"state": state})
         self._state = state
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = ThreadedHTTPServer(handler)
         self._tmp = tempfile.TemporaryDirectory(prefix="pod-identity-")
         self.token_file = os.path.join(self._tmp.name, "eks-pod-identity-token")
         Path(self.token_file).write_text(self.token)
         # The path the EKS Pod Identity Agent serves (169.254.170.23/v1/credentials on a node).
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/credentials"
+        self.url = f"http://127.0.0.1:{self._server.port}/v1/credentials"
         return self
 
     def __exit__(self, *exc) -> None:
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=STOP_TIMEOUT_S)
+            self._server.close()
             self._server = None
         if self._tmp:
             self._tmp.cleanup()
@@ -864,24 +884,18 @@ class StallingProxy:
         self._held: list[str] = []
         self._lock = threading.Condition()
         self._stopping = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedHTTPServer | None = None
 
     def __enter__(self) -> StallingProxy:
         handler = type("Handler", (_ProxyHandler,), {"proxy": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadedHTTPServer(handler)
+        self.endpoint_url = f"http://127.0.0.1:{self._server.port}"
         return self
 
     def __exit__(self, *exc) -> None:
         self._stopping.set()  # releases every hold within one poll
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=STOP_TIMEOUT_S)
+            self._server.close()
             self._server = None
 
     def arm(self, text: str) -> None:

@@ -447,6 +447,7 @@ def test_load_config_raises_typed_error(tmp_path):
     assert [p.path for p in info.value.problems] == ["job.max_steps"]
 
 
+@pytest.mark.slow
 def test_cli_subprocess_exit_code_and_no_traceback(tmp_path):
     path = write_variant(tmp_path, group={"instance_type": "x9.large"})
     proc = subprocess.run([sys.executable, "-m", "config", "check", str(path)], cwd=REPO,

@@ -138,6 +138,7 @@ def test_kubernetes_version_pattern_is_cfn_lints():
     assert not re.fullmatch(pattern, "1.350") and errors_at("cluster.kubernetes_version", "1.350")
 
 
+@pytest.mark.slow
 def test_vpc_mask_range_is_cdks():
     low, high = map(int, re.search(r"VPCs must be between /(\d+) and /(\d+)", cdk_network_util()).groups())
     assert errors_at("network.vpc_cidr", f"10.0.0.0/{low}") == []
@@ -165,6 +166,7 @@ def test_catalog_instance_types_are_ec2s():
     assert set(load_catalog().instances) <= known
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_floor_is_rays():
     from ray.train import CheckpointConfig
 
@@ -250,6 +252,7 @@ def test_every_field_has_a_constraint_or_a_reason():
     assert missing == [], f"fields with no constraint or no stated source: {missing}"
 
 
+@pytest.mark.slow
 def test_subnet_carve_matches_cdk():
     """config/subnets.py gives the blocks CDK's ec2.Vpc writes into the template (aws-cdk-lib, in process)."""
     import aws_cdk as cdk

@@ -11,13 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from tests.helpers import REPO, write_variant
-from tests.loopback import _OTHER_CREDENTIAL_VARS, only_policy
+from tests.loopback import _OTHER_CREDENTIAL_VARS, ThreadedHTTPServer, only_policy
+
+pytestmark = pytest.mark.slow  # the config CLI in child processes, against moto and a fake Hub
 
 CHECK_TIMEOUT_S = 120
 NO_AWS = {"AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
@@ -48,16 +49,12 @@ class _Hub(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hub():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    server.paths = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    served = ThreadedHTTPServer(_Hub)
+    served.server.paths = []
     try:
-        yield server
+        yield served.server
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+        served.close()
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

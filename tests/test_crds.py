@@ -10,7 +10,6 @@ import hashlib
 import http.server
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from charts import crds, validation
 from charts.errors import ChartError
 from tests.helpers import REPO
+from tests.loopback import ThreadedHTTPServer
 
 CLUSTERS, JOBS = "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"
 
@@ -56,14 +56,11 @@ class Server:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/crd/bases"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.httpd = ThreadedHTTPServer(Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.port}/crd/bases"
 
     def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.close()
 
 
 @pytest.fixture

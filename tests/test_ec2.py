@@ -323,6 +323,7 @@ def test_outputs_read_from_cdk_outputs_file_format():
 
 # ---- 3. Ray's launcher bootstrap and node provider against moto on 127.0.0.1 -------------------------
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
     import boto3
@@ -395,6 +396,7 @@ def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
         aws_utils.client_cache.cache_clear()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_emulator_accepts_what_ec2_would_refuse(tmp_path, monkeypatch):
     """moto launches into a placement group that does not exist, with a bogus InterfaceType, and an
@@ -453,6 +455,7 @@ def _head_statements(templates) -> dict[str, dict]:
     return {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid")}
 
 
+@pytest.mark.slow
 def test_ec2_target_deploys_without_the_eks_cluster(ec2_synth):
     stacks, templates = ec2_synth[:2]
     assert stacks.cluster is None and stacks.ec2 is not None
@@ -470,6 +473,7 @@ def test_cdk_nag_is_clean_on_the_ec2_target(ec2_synth):
         assert plugin["conclusion"] == "success", plugin["violations"]
 
 
+@pytest.mark.slow
 def test_cfn_lint_is_clean_on_the_ec2_target(ec2_synth):
     from cfnlint.api import ManualArgs, lint_file
 

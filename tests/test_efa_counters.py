@@ -26,6 +26,7 @@ from charts import dashboards
 from config.observability import EFA_METRIC
 from stacks.observability import EFA_SCRIPT
 from tests.loopback import NodeExporter, PrometheusServer, node_exporter_missing, prometheus_missing
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # runs the sidecar script, node-exporter and Prometheus: `make check` leaves it out
 
@@ -165,7 +166,7 @@ def test_script_loop_exits_0_on_sigterm(tree):
                "EFA_INTERVAL_S": "3600"}
     proc = subprocess.Popen(["sh", str(EFA_SCRIPT)], env=environ, start_new_session=True)
     try:
-        _wait(lambda: (out / "efa.prom").exists(), SCRIPT_TIMEOUT_S, "the first write")
+        wait_for(lambda: (out / "efa.prom").exists(), SCRIPT_TIMEOUT_S, "the first write")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=SCRIPT_TIMEOUT_S) == 0
     finally:
@@ -177,16 +178,6 @@ def test_script_loop_exits_0_on_sigterm(tree):
 
 
 # ---- served by the real node exporter, scraped by the real Prometheus ------------------------------------------
-
-
-def _wait(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)  # poll interval; the wait itself is bounded by the deadline
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def _scraped(server: PrometheusServer, value: int) -> bool:
@@ -212,10 +203,10 @@ def scraped(tmp_path_factory):
                "static_configs": [{"targets": [exporter.address]}]}
         with PrometheusServer([job]) as server:
             start = time.time()
-            _wait(lambda: _scraped(server, FIRST["tx_bytes"]), SCRAPE_WAIT_S, "the first counters scraped")
+            wait_for(lambda: _scraped(server, FIRST["tx_bytes"]), SCRAPE_WAIT_S, "the first counters scraped")
             set_counters(hw, SECOND)
             assert run_script(sysfs, out, "--once").returncode == 0
-            _wait(lambda: _scraped(server, SECOND["tx_bytes"]), SCRAPE_WAIT_S, "the second counters scraped")
+            wait_for(lambda: _scraped(server, SECOND["tx_bytes"]), SCRAPE_WAIT_S, "the second counters scraped")
             yield server, exporter, start, time.time()
 
 

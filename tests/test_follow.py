@@ -16,11 +16,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,6 +27,7 @@ import pytest
 
 from charts import bundle
 from tests.loopback import DroppingProxy
+from tests.waiting import kill_session, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -51,16 +50,6 @@ def _env() -> dict[str, str]:
     # can take longer, and then the head never serves the Jobs API.
     return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "180",
             "PATH": f"{_RAY.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-
-
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -93,29 +82,11 @@ def head():
             except (urllib.error.URLError, OSError):
                 return False
 
-        _wait_for(answers, HEAD_START_S, "the Jobs API")
+        wait_for(answers, HEAD_START_S, "the Jobs API", interval_s=0.2)
         yield address
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        _kill_session(proc.pid)
+        kill_session(proc)
         shutil.rmtree(temp, ignore_errors=True)
-
-
-def _kill_session(pgid: int) -> None:
-    """SIGTERM, then SIGKILL, every process of the head's process group; bounded."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
 
 
 def _submit(head: str, tmp_path: Path, submission_id: str) -> Path:
@@ -162,7 +133,7 @@ def test_follow_sh_reattaches_and_ends_with_the_job(head, tmp_path):
         with err.open("w") as stderr:
             follow = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
             try:
-                _wait_for(lambda: "re-attaching" in err.read_text(), 120, "follow.sh to see the stream drop")
+                wait_for(lambda: "re-attaching" in err.read_text(), 120, "follow.sh to see the stream drop")
                 assert follow.poll() is None  # still following the running job
                 release.touch()
                 try:

@@ -26,7 +26,6 @@ enough for a test. Runs are shared across the assertions (module fixtures), as i
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from tests.test_train_ray import _assert_same_weights, _weights  # noqa: E402
-from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training, start_local_ray  # noqa: E402
+from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a real Ray cluster: `make check` leaves it out, the full suite runs it
@@ -51,14 +50,6 @@ TIMEOUT_MINUTES = 0.1
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    start_local_ray()
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hang")
 
@@ -69,7 +60,7 @@ def _plan(root, name, **overrides):
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, root):
+def reference(local_ray, root):
     """The same job unbroken, with the default collective timeout (the timeout does not change the weights)."""
     plan = _plan(root, "reference")
     assert run_training(plan).error is None
@@ -77,7 +68,7 @@ def reference(cluster, root):
 
 
 @pytest.fixture(scope="module")
-def hung(cluster, root):
+def hung(local_ray, root):
     """The job whose last rank hangs at step 6 on the first attempt (the marker file keeps it to one)."""
     marker = root / "hung.marker"
     plan = _plan(root, "hung", max_failures=1, collective_timeout_minutes=TIMEOUT_MINUTES)

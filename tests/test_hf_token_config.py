@@ -140,6 +140,7 @@ def _pod_role_policy(variant: str) -> dict:
     return policy
 
 
+@pytest.mark.slow
 def test_pod_role_may_read_exactly_the_named_secret():
     Template.from_json(synth("alt").templates["storage"]).has_resource_properties("AWS::IAM::Policy", {
         "Roles": [{"Ref": Match.string_like_regexp("RayPodRole")}],
@@ -148,6 +149,7 @@ def test_pod_role_may_read_exactly_the_named_secret():
             "Resource": _NAME_RESOURCE}])}})
 
 
+@pytest.mark.slow
 def test_pod_role_may_decrypt_with_the_key_only_through_secrets_manager_for_that_secret():
     Template.from_json(synth("alt").templates["storage"]).has_resource_properties("AWS::IAM::Policy", {
         "PolicyDocument": {"Statement": Match.array_with([{
@@ -156,6 +158,7 @@ def test_pod_role_may_decrypt_with_the_key_only_through_secrets_manager_for_that
                           "StringLike": {"kms:EncryptionContext:SecretARN": _NAME_RESOURCE}}}])}})
 
 
+@pytest.mark.slow
 def test_no_other_secrets_manager_or_kms_permission_anywhere():
     for variant in ("alt", "default"):
         for template in synth(variant).templates.values():

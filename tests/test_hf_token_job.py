@@ -31,6 +31,8 @@ from tests.helpers import REPO, cdk_app, write_variant
 from tests.hub_server import FakeHub
 from tests.loopback import PodIdentityEndpoint, only_policy, s3_policy
 
+pytestmark = pytest.mark.slow  # moto, the fake Hub, child processes and a Ray run: `make check` leaves it out
+
 BUCKET = "hf-token-run"
 REPO_ID = "acme-gated/tiny-chat"
 CHILD_TIMEOUT_S = 60  # the preflight must stop a job within a minute; its child is bounded by that

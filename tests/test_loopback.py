@@ -13,6 +13,8 @@ from botocore.exceptions import ClientError
 
 from tests.loopback import SERVERS, Keys, PodIdentityEndpoint, StallingProxy, s3_policy, serve
 
+pytestmark = pytest.mark.slow  # every test talks to a loopback server, moto in a child process
+
 
 @pytest.fixture(scope="module")
 def bucket(moto_server):

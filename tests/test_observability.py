@@ -49,6 +49,7 @@ from tests.helpers import REPO, write_variant
 from tests.loopback import PrometheusServer, prometheus_missing
 from tests.test_config import check, paths_of, refused
 from tests.test_security_charts import OPERATOR, STRANGER, _pod, admitted, ray_pods, selects
+from tests.waiting import wait_for
 
 DEFAULT = REPO / "config" / "cluster.yaml"
 
@@ -414,7 +415,7 @@ def scraped_run(tmp_path_factory, config):
                 update={"scrape_interval_s": 1})}), owner),
             targets=[{"targets": [f"127.0.0.1:{node['MetricsExportPort']}"], "labels": meta}])
         with PrometheusServer([scrape]) as server:
-            _wait(lambda: any(t["health"] == "up" for t in server.active_targets()), 60, "Ray's metrics agent up")
+            wait_for(lambda: any(t["health"] == "up" for t in server.active_targets()), 60, "Ray's metrics agent up")
             root = tmp_path_factory.mktemp("scrape")
             plan, _ = local_plan(root / "run", assets_dir=root / "assets", run_name=RUN, **JOB)
             plan.plan_prediction = PREDICTION
@@ -425,7 +426,7 @@ def scraped_run(tmp_path_factory, config):
             result = run_training(plan)
             assert result.error is None
             # Scraped before the workers ended; the wait (bounded) only confirms it.
-            _wait(lambda: _final_loss(plan) in _scraped_losses(server, start, time.time()), 30,
+            wait_for(lambda: _final_loss(plan) in _scraped_losses(server, start, time.time()), 30,
                   "the final report's loss")
             # A range query evaluates at start + k * step <= end: one step past now covers the last sample.
             end = time.time() + 1.0
@@ -450,20 +451,11 @@ def _scraped_losses(server, start: float, end: float) -> set[float]:
     return {round(float(v), 6) for one in series for _, v in one["values"]}
 
 
-def _wait(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)  # poll interval; the wait itself is bounded by the deadline
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _ray_targets():
     return [(p.title, t) for p in dashboards.OVERVIEW_PANELS for t in p.targets if t.source == "ray"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("title,target", _ray_targets(), ids=[f"{t.needs}" for _, t in _ray_targets()])
 def test_overview_query_returns_series_of_the_run(scraped_run, title, target):
     server, start, end, _ = scraped_run
@@ -547,6 +539,7 @@ def test_gauges_stop_refreshing_on_close_on_every_rank(rank):
     assert bool(gauges.run) == (rank == 0)
 
 
+@pytest.mark.slow
 def test_an_ec2_run_does_not_hold_its_last_metrics(config):
     """Only the EKS target has the metrics stack: on EC2 nothing scrapes, so the end of a run waits for nothing."""
     from config.target import with_target

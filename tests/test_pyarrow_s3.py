@@ -17,6 +17,8 @@ import pytest
 from tests.helpers import REPO
 from tests.loopback import PodIdentityEndpoint, s3_policy
 
+pytestmark = pytest.mark.slow  # pyarrow in child processes against moto: `make check` leaves it out
+
 OLDEST = REPO / ".venv-pyarrow-oldest" / "bin" / "python"
 
 

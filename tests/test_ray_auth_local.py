@@ -14,7 +14,6 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 
 from charts import bundle, inputs
 from tests.helpers import REPO
+from tests.waiting import kill_session
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
@@ -98,22 +98,8 @@ def head():
                 pytest.fail(f"Ray head did not start (attempt {attempt}, exit {proc.poll()}): "
                             f"{log.read_text(errors='replace')[-3000:]}")
         finally:
-            _stop(proc)
+            kill_session(proc)
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """End the head's process group (the session `ray start` led) with SIGKILL, then reap the leader.
-
-    Nothing of the head outlives the test (its temp dir is deleted next), so there is nothing to stop
-    gracefully: on SIGTERM `ray start --block` drains the node, then stops its children one after another
-    (ray 2.58.0 ray/_private/node.py: the SIGTERM handler of Node._register_shutdown_hooks, kill_all_processes
-    with allow_graceful=True), which took 5-7 s of teardown here."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training, start_local_ray  # noqa: E402
+from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 from workloads.fsdp_finetune.train import checkpoint_staging_dir  # noqa: E402
 
@@ -27,14 +27,6 @@ pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.
 # Small enough for a few seconds of training per run, with checkpoints to resume from mid-run.
 JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
            checkpoint_every=4, report_every=2, eval_every=5, learning_rate=3e-3)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
-    start_local_ray()
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +52,7 @@ def _assert_same_weights(a: dict, b: dict):
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, root):
+def reference(local_ray, root):
     plan, assets = _plan(root, "reference")
     result = run_training(plan)
     assert result.error is None

@@ -86,4 +86,8 @@ def test_collective_timeout_and_tracking_reach_the_trainer(assets, tmp_path):
     config = load_config(write_variant(tmp_path, {"job": {"run_name": "r1"}}))
     cluster = cluster_plan(config, storage_path="s3://bucket/prefix/checkpoints")
     assert cluster.run_dir == "s3://bucket/prefix/checkpoints/r1"
-    assert build_trainer(cluster).backend_config.timeout_s == 600  # the default, 10 minutes
+    trainer = build_trainer(cluster)
+    assert trainer.backend_config.timeout_s == 600  # the default, 10 minutes
+    # Ray's storage is pyarrow's S3 filesystem in the file's region, built without asking S3 where the bucket is.
+    assert trainer.run_config.storage_filesystem.region == config.region
+    assert trainer.run_config.storage_path == "bucket/prefix/checkpoints"

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.fuzz_files import deploys, refusal_problems, variable_files, verdict, write
+
+# Each drawn file goes through the config CLI; the accepted ones through CDK and cdk8s synth.
+pytestmark = pytest.mark.slow
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")

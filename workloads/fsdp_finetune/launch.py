@@ -213,6 +213,11 @@ class RunPlan:
     """Workers per node (None: all on one machine, as in a local run)."""
     plan_prediction: dict | None = None
     """The plan's `tokens_per_s` and `mfu` (`workloads.plan`), exported beside the measured figures."""
+    storage_region: str | None = None
+    """The AWS region of an s3:// `storage_path` (the variable file's `region`, where the storage stack makes the
+    bucket). Known, it spares the driver pyarrow's lookup of the bucket's region (`S3Options::FromUri` asks S3
+    for it unless the URI has `region=` or an endpoint is set, pyarrow 24): a request that, from a machine
+    with no route to S3, ends only at a network timeout. None: looked up as before."""
     scrape_interval_s: int | None = None
     """Seconds between Prometheus' scrapes of the run's metrics (`observability.scrape_interval_s`; None: nothing
     scrapes them). The workers keep the final report's values up until one scrape has seen them."""
@@ -250,23 +255,25 @@ def build_trainer(plan: RunPlan, **extra):
                                      resources_per_worker=resources),
         run_config=RunConfig(
             name=job.run_name,
-            **_ray_storage(plan.storage_path),
+            **_ray_storage(plan.storage_path, plan.storage_region),
             failure_config=FailureConfig(max_failures=job.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=job.keep_checkpoints),
         ),
     )
 
 
-def _ray_storage(storage_path: str) -> dict:
+def _ray_storage(storage_path: str, region: str | None = None) -> dict:
     """`RunConfig`'s storage: on S3 the filesystem itself, with `checkpoint.patient`'s timeouts (Ray would build
-    pyarrow's default one from the URI, whose 3 s stall limit can fail a fit mid-upload); elsewhere the path."""
+    pyarrow's default one from the URI, whose 3 s stall limit can fail a fit mid-upload); elsewhere the path.
+    `region` (`RunPlan.storage_region`) goes into the URI as pyarrow's `region=` option."""
     import pyarrow.fs as pafs
 
     from workloads.fsdp_finetune.checkpoint import filesystem
 
     if storage_path.startswith("s3://"):
+        uri = f"{storage_path}?region={region}" if region and "?" not in storage_path else storage_path
         try:
-            fs, path = filesystem(storage_path)  # resolves the bucket's region: a request to S3
+            fs, path = filesystem(uri)  # without a region: resolves the bucket's, a request to S3
         except OSError:  # no route or no bucket from here: Ray resolves the URI itself at fit, as before
             return {"storage_path": storage_path}
         if isinstance(fs, pafs.S3FileSystem):
@@ -414,6 +421,9 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         bucket = bucket or checkpoint_bucket(config)
         storage, export = config.checkpoint_uri(bucket), config.export_uri(bucket)
     return RunPlan(
+        # The job's role may write only the storage stack's bucket (stacks/storage.py `grant_job_access`), which
+        # that stack makes in the file's region; so a `--storage-path` that can work at all is there too.
+        storage_region=config.region,
         job=job,
         storage_path=storage,
         export_uri=export,
