@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -113,19 +112,6 @@ def start(out: Path, name: str, *args: str, env: dict | None = None) -> subproce
     with (out / f"{name}-driver.log").open("ab") as log:
         return subprocess.Popen([sys.executable, "-m", "tests.driver_run", str(out), name, *args], cwd=REPO,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def latest_registered(snapshot: str | None) -> str | None:
-    """The latest checkpoint in Ray's checkpoint manager snapshot (`_CheckpointManagerState`,
-    ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py, Ray 2.58.0), written to storage each
-    time a checkpoint is registered and read by the next fit() under the same name to resume from."""
-    if not snapshot:
-        return None
-    try:
-        latest = json.loads(snapshot).get("latest_checkpoint_result") or {}
-    except ValueError:  # read while being written
-        return None
-    return latest.get("checkpoint_dir_name")
 
 
 def log_tail(out: Path, name: str) -> str:

@@ -19,8 +19,9 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # driver processes with their own Ray clusters: `make check` leaves it out
 
 from tests import driver_run  # noqa: E402
-from tests.driver_run import SNAPSHOT, latest_registered  # noqa: E402
+from tests.driver_run import SNAPSHOT  # noqa: E402
 from tests.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
+from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
 
 CHECKPOINT = "checkpoint_step_0000004"  # the gate: rank 0 stops after reporting it
 RESUME_STEP = 4

@@ -22,9 +22,10 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray runs against the local S3 server: `make check` leaves it out
 
 from tests import driver_run  # noqa: E402
-from tests.driver_run import SNAPSHOT, latest_registered  # noqa: E402
+from tests.driver_run import SNAPSHOT  # noqa: E402
 from tests.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
 from workloads.fsdp_finetune.storage_check import storage_problem  # noqa: E402
+from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
 
 BUCKET = "train-s3-path"
 HELD = "checkpoint_step_0000004"  # the upload the proxy holds (tests/driver_run.py: checkpoints 2, 4, 6)

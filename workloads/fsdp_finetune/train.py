@@ -215,18 +215,29 @@ def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
 
 
 def _registered_checkpoint(storage) -> str | None:
-    """The folder name of the checkpoint Ray Train's controller registered last, else None.
+    """The folder name of the checkpoint Ray Train's controller registered last (in the run's storage), else None."""
+    try:
+        with storage.storage_filesystem.open_input_stream(storage.checkpoint_manager_snapshot_path) as stream:
+            return latest_in_snapshot(stream.read())
+    except OSError:  # not written yet
+        return None
 
-    Read from the snapshot the controller writes to the run's storage after each registration (ray 2.58.0
-    ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py: `_write_state_to_storage`, whose
-    `latest_checkpoint_result.checkpoint_dir_name` is the name `train_func` reported it under).
+
+def latest_in_snapshot(snapshot: str | bytes | None) -> str | None:
+    """The latest registered checkpoint's folder name in the snapshot Ray Train's controller writes to the run's
+    storage after each registration, else None (no snapshot, or one read while being written).
+
+    Ray 2.58.0 ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py: `_write_state_to_storage`,
+    whose `latest_checkpoint_result.checkpoint_dir_name` is the name `train_func` reported it under; the next
+    fit() under the same name resumes from it.
     """
     import json
 
+    if not snapshot:
+        return None
     try:
-        with storage.storage_filesystem.open_input_stream(storage.checkpoint_manager_snapshot_path) as stream:
-            state = json.loads(stream.read())
-    except (OSError, ValueError):  # not written yet, or being written
+        state = json.loads(snapshot)
+    except ValueError:
         return None
     return (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
 

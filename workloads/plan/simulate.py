@@ -26,6 +26,7 @@ pre-/post-forward hooks run either way; the tracker only sees modules called thr
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from dataclasses import dataclass
 
@@ -240,9 +241,7 @@ class FakeJob(contextlib.AbstractContextManager):
         return {"parameters": params, "gradients": grads, "optimizer state": opt}
 
 
-_PEAK_ONLY_TRACKER = None
-
-
+@functools.cache
 def _peak_only_tracker() -> type:
     """`FSDPMemTracker` keeping only the tracker-wide peak, the one figure the plan reads.
 
@@ -252,22 +251,19 @@ def _peak_only_tracker() -> type:
     loop over some 400 modules of a 28-layer model at each of tens of thousands of ops: about a fifth of
     a plan's time. This subclass keeps the second half of that method, word for word.
     """
-    global _PEAK_ONLY_TRACKER
-    if _PEAK_ONLY_TRACKER is None:
-        from copy import deepcopy
+    from copy import deepcopy
 
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-        from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
-        class PeakOnlyTracker(FSDPMemTracker):
-            def _update_peak_stats(self, peak_state) -> None:
-                for dev, dev_snap in self._curr_mem_snap.items():
-                    if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                        self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                        self._peak_mem_snap[dev] = deepcopy(dev_snap)
+    class PeakOnlyTracker(FSDPMemTracker):
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, dev_snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = deepcopy(dev_snap)
 
-        _PEAK_ONLY_TRACKER = PeakOnlyTracker
-    return _PEAK_ONLY_TRACKER
+    return PeakOnlyTracker
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
