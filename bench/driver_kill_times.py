@@ -2,14 +2,14 @@
 
     python bench/driver_kill_times.py [--out DIR] [--cases local,s3,upload]
 
-Each case runs `tests/driver_run.py` (its own local Ray cluster, the tiny 6-step job, a checkpoint every 2
+Each case runs `tests/driver_run.py` (its own local Ray cluster, its tiny 12-step `JOB`, a checkpoint every 4
 steps) in a new process group, SIGKILLs the whole group at a known point, then starts it again under the
 same run name (a new process and a new Ray cluster, as a RayJob retry has):
 
 * `local`: local storage; the kill once checkpoint 4 is registered (rank 0 waits after reporting it).
 * `s3`: the same through S3 (moto's server with auth, credentials from a Pod-Identity-style endpoint).
-* `upload`: through S3 behind `tests.loopback.StallingProxy`, the kill while checkpoint 4's upload is held;
-  the rerun resumes from checkpoint 2.
+* `upload`: through S3 behind `tests.loopback.StallingProxy`, the kill while checkpoint 8's upload is held;
+  the rerun resumes from checkpoint 4.
 
 Measured per case: the kill to the first metrics row past the resume step (`<run>/metrics.jsonl`, read
 from the local folder or from S3, where rank 0 copies it after each report: a bound from above), and the
@@ -47,8 +47,8 @@ def _case(root: Path, name: str, assets: Path, *, env: dict | None, storage: str
     """Kill at the gate (or at a held upload), rerun; seconds from the kill to training again and to the end."""
     from tests import driver_run
 
-    gate = "checkpoint_step_0000004"
-    resume = 2 if proxy else 4
+    gate = "checkpoint_step_0000008" if proxy else "checkpoint_step_0000004"
+    resume = 4
     job = ["--assets", str(assets)] + (["--storage", storage] if storage else [])
     marker = root / f"{name}.gate"
     if proxy:

@@ -8,14 +8,15 @@ from tests.loopback import MotoServer
 
 # A test that uses one of these starts a child process (moto's server) or a Ray run through it: `slow`, so
 # `make check` (pytest -m "not slow") leaves it out wherever the test itself is not marked.
-SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "unbroken_model", "driver_assets", "ec2_synth"})
+SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference_run", "driver_assets", "ec2_synth"})
 
 # `make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadfile`). Each module is one unit
 # of work, so its module-scoped fixtures (a Ray cluster, a run shared by its assertions) are made once;
 # modules that share an expensive session fixture are one unit together (`SHARED_UNITS`), or each process
 # would make it again. xdist hands out the units with the most tests first. Handing out the longest first
 # instead (Ray modules on both processes at once) measured slower on two cores: 740 s against 636 s.
-SHARED_UNITS = {"test_driver_kill": "driver-runs", "test_train_s3": "driver-runs"}  # unbroken_model, driver_assets
+# The failure-path modules compare against one unbroken run (`reference_run`, `driver_assets`).
+SHARED_UNITS = {m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")}
 
 
 def _module(nodeid: str) -> str:
@@ -73,15 +74,28 @@ def driver_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def unbroken_model(tmp_path_factory, driver_assets):
-    """The exported model folder of `tests.driver_run`'s tiny job run once without a break (local storage).
+def reference_run(tmp_path_factory, driver_assets):
+    """`tests.driver_run.JOB` run once without a break (local storage, in this process): `(plan, assets, Result)`.
 
-    The reference of every driver-kill test, local or through S3: where checkpoints are stored does not
-    change what is trained, so one unbroken run serves them all.
+    The reference of every failure path (a worker killed, a fit aborted, a hung collective, the driver
+    killed, a kill mid-upload to S3), in this process or in a driver process: each must end with these
+    weights bit for bit. Neither where checkpoints are stored, the run's name, nor who drives the fit changes
+    what is trained (the data order depends only on the job's seed: `data.py`), so one unbroken run serves
+    them all; test_train_ray.py checks the run itself. Runs on the module's `local_ray` cluster where there is
+    one, else on a cluster of its own, stopped after it.
     """
-    from tests import driver_run
+    ray = pytest.importorskip("ray")
+    from tests.driver_run import JOB
+    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
 
-    out = tmp_path_factory.mktemp("unbroken")
-    status = driver_run.wait_exit(driver_run.start(out, "unbroken", "--assets", str(driver_assets)), out, "unbroken")
-    assert status == 0, driver_run.log_tail(out, "unbroken")
-    return out / "unbroken" / "model"
+    out = tmp_path_factory.mktemp("reference")
+    plan, assets = local_plan(out, assets_dir=driver_assets, run_name="reference", **JOB)
+    own_cluster = not ray.is_initialized()
+    start_local_ray()
+    try:
+        result = run_training(plan)
+    finally:
+        if own_cluster:
+            ray.shutdown()
+    assert result.error is None
+    return plan, assets, result

@@ -28,10 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The smallest job that still shows a resume: 3 checkpoints (2, 4, 6), a kill after 4 (or while 4 uploads),
-# and training after the resume. report_every 2 puts a metrics row at every checkpoint.
-JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=6, warmup_steps=1,
-           checkpoint_every=2, report_every=2, eval_every=6, learning_rate=3e-3)
+# The tiny job of every failure-path test and of their one unbroken reference (conftest `reference_run`):
+# 12 steps, enough for the loss to fall visibly (test_train_ray.py); checkpoints at 4, 8 and 12 (two kept), so a
+# failure after 4 or 8 resumes with steps still to train. The held-out loss at every checkpoint (0, 4, 8, 12)
+# and nowhere else: a rank-0-only redraw of the loss plot between two collectives would make the other rank
+# wait in the second, which a short collective timeout (test_hang.py) must not see. report_every 2.
+JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
+           checkpoint_every=4, report_every=2, eval_every=4, learning_rate=3e-3)
 GATE_TIMEOUT_S = 600.0  # a gate the test never kills releases (and fails the run) after this
 RUN_TIMEOUT_S = 600.0  # one driver from start to its exit, on a loaded two-core machine
 REPO = Path(__file__).resolve().parent.parent

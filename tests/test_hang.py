@@ -21,7 +21,9 @@ sources of the pinned versions:
   checkpoint.
 
 `collective_timeout_minutes` is 0.1 (6 s) here: long enough for the tiny job's legitimate waits, short
-enough for a test. Runs are shared across the assertions (module fixtures), as in test_train_ray.py.
+enough for a test. The job is `tests.driver_run.JOB`, whose held-out loss falls only on checkpoint steps (see
+there); the unbroken reference is the session's (conftest `reference_run`): the collective timeout does not
+change the weights.
 """
 
 from __future__ import annotations
@@ -32,19 +34,16 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from tests.driver_run import JOB  # noqa: E402
 from tests.test_train_ray import _assert_same_weights, _weights  # noqa: E402
 from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a real Ray cluster: `make check` leaves it out, the full suite runs it
 
-# test_train_ray.py's tiny job, shortened to 8 steps: three worker-group starts (the reference, the hung
-# attempt, the restart) dominate the module's time. The held-out loss only at step 0 and at the end,
-# so that no rank-0-only work (the loss plot an evaluation step redraws) sits between two collectives
-# while the other rank waits in the second under the 6 s timeout; at a checkpoint the plot is drawn
-# before `ray.train.report`, whose rank barrier (Ray's sync actor, not gloo) has no such timeout.
-JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=8, warmup_steps=2,
-           checkpoint_every=4, report_every=2, eval_every=8, learning_rate=3e-3)
+# At a checkpoint the loss plot is drawn before `ray.train.report`, whose rank barrier (Ray's sync actor, not
+# gloo) has no collective timeout; JOB evaluates only there, so no rank-0-only work sits between two
+# collectives while the other rank waits in the second under the 6 s timeout.
 HANG_AT = 6  # after checkpoint 4, before checkpoint 8: the restart must resume from 4
 TIMEOUT_MINUTES = 0.1
 
@@ -54,24 +53,16 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hang")
 
 
-def _plan(root, name, **overrides):
-    plan, _ = local_plan(root / name, assets_dir=root / "assets", run_name=name, **{**JOB, **overrides})
+def _plan(root, assets_dir, name, **overrides):
+    plan, _ = local_plan(root / name, assets_dir=assets_dir, run_name=name, **{**JOB, **overrides})
     return plan
 
 
 @pytest.fixture(scope="module")
-def reference(local_ray, root):
-    """The same job unbroken, with the default collective timeout (the timeout does not change the weights)."""
-    plan = _plan(root, "reference")
-    assert run_training(plan).error is None
-    return plan
-
-
-@pytest.fixture(scope="module")
-def hung(local_ray, root):
+def hung(local_ray, root, driver_assets):
     """The job whose last rank hangs at step 6 on the first attempt (the marker file keeps it to one)."""
     marker = root / "hung.marker"
-    plan = _plan(root, "hung", max_failures=1, collective_timeout_minutes=TIMEOUT_MINUTES)
+    plan = _plan(root, driver_assets, "hung", max_failures=1, collective_timeout_minutes=TIMEOUT_MINUTES)
     result = run_training(plan, hang_at_step=HANG_AT, hang_marker=str(marker))
     return plan, marker, result
 
@@ -92,20 +83,20 @@ def test_waiting_rank_fails_at_the_jobs_collective_timeout_and_the_hung_rank_is_
     assert "rank 1 failed" not in stuck and "not killed" not in stuck
 
 
-def test_the_restarted_group_resumes_from_the_last_checkpoint_with_the_unbroken_runs_weights(hung, reference):
+def test_the_restarted_group_resumes_from_the_last_checkpoint_with_the_unbroken_runs_weights(hung, reference_run):
     plan, _, result = hung
     assert result.error is None
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == [0, 2, 4, 6, 8]  # step 6 retrained, not logged twice
+    assert [r["step"] for r in records] == [0, 2, 4, 6, 8, 10, 12]  # step 6 retrained, not logged twice
     assert {r["resumed_from_step"] for r in records if r["step"] > 4} == {4}
-    _assert_same_weights(_weights(plan.export_uri), _weights(reference.export_uri))
+    _assert_same_weights(_weights(plan.export_uri), _weights(reference_run[0].export_uri))
 
 
-def test_a_sub_second_collective_timeout_is_not_rounded_to_zero(root):
+def test_a_sub_second_collective_timeout_is_not_rounded_to_zero(root, driver_assets):
     """0.005 minutes (0.3 s) passes the field's `> 0`, but Ray's `timeout_s` is whole seconds and 0 s would
     fail the process group's own rendezvous (PyTorch 2.13's TCPStore: "client socket has timed out after
     0ms", tried here): it becomes 1 s."""
-    plan = _plan(root, "short", collective_timeout_minutes=0.005)
+    plan = _plan(root, driver_assets, "short", collective_timeout_minutes=0.005)
     assert build_trainer(plan).backend_config.timeout_s == 1
-    plan = _plan(root, "six", collective_timeout_minutes=TIMEOUT_MINUTES)
+    plan = _plan(root, driver_assets, "six", collective_timeout_minutes=TIMEOUT_MINUTES)
     assert build_trainer(plan).backend_config.timeout_s == 6

@@ -2,7 +2,8 @@
 
 Runs are shared across assertions to keep the module to a few minutes on two cores:
 
-* `reference`: uninterrupted; learning, metrics, export and logits are checked on it.
+* `reference`: uninterrupted (conftest `reference_run`, the session's one unbroken run of `tests.driver_run.JOB`,
+  the reference of every failure path); learning, metrics, export and logits are checked on it here.
 * `fault`: the last worker kills itself once mid-run; FailureConfig restarts the group, which
   resumes from the latest checkpoint; the final weights must equal the reference's bit for bit.
 * `abort`: the same kill with no restarts allowed makes `fit()` fail; a second `fit()` with the same
@@ -18,15 +19,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from tests.driver_run import JOB  # noqa: E402
 from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 from workloads.fsdp_finetune.train import checkpoint_staging_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
-# Small enough for a few seconds of training per run, with checkpoints to resume from mid-run.
-JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
-           checkpoint_every=4, report_every=2, eval_every=5, learning_rate=3e-3)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +33,9 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("train")
 
 
-def _plan(root, name, **overrides):
-    plan, assets = local_plan(root / name, assets_dir=root / "assets", run_name=name, **{**JOB, **overrides})
+def _plan(root, assets_dir, name, **overrides):
+    """The reference's job under another name, on the reference's model and data (`driver_assets`)."""
+    plan, assets = local_plan(root / name, assets_dir=assets_dir, run_name=name, **{**JOB, **overrides})
     return plan, assets
 
 
@@ -52,22 +52,19 @@ def _assert_same_weights(a: dict, b: dict):
 
 
 @pytest.fixture(scope="module")
-def reference(local_ray, root):
-    plan, assets = _plan(root, "reference")
-    result = run_training(plan)
-    assert result.error is None
-    return plan, assets, result
+def reference(local_ray, reference_run):
+    return reference_run
 
 
 def test_loss_falls_and_held_out_score_improves(reference):
     plan, assets, _ = reference
     rows = read_metrics(plan.metrics_path)
-    # The untrained model's held-out loss at step 0 (no training figures), then reports every 2 steps, plus the
-    # held-out loss every 5 (an off-report step reports too) and at the end.
-    assert [r["step"] for r in rows] == [0, 2, 4, 5, 6, 8, 10, 12]
+    # The untrained model's held-out loss at step 0 (no training figures), then reports every 2 steps, with the
+    # held-out loss every 4 and at the end.
+    assert [r["step"] for r in rows] == [0, 2, 4, 6, 8, 10, 12]
     assert "loss" not in rows[0] and "eval_loss" in rows[0]
     records = rows[1:]
-    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 5, 10, 12]
+    assert [r["step"] for r in rows if "eval_loss" in r] == [0, 4, 8, 12]
     held_out = [r["eval_loss"] for r in rows if "eval_loss" in r]
     assert held_out[-1] < held_out[1] < held_out[0]
     assert all(r["eval_tokens"] == records[-1]["eval_tokens"] > 0 for r in rows if "eval_loss" in r)
@@ -87,8 +84,8 @@ def test_run_folder_has_tensorboard_events_and_the_plot(reference):
     plan, _, _ = reference
     acc = EventAccumulator(plan.run_dir)
     acc.Reload()
-    assert [e.step for e in acc.Scalars("eval/loss")] == [0, 5, 10, 12]  # the untrained model's at step 0
-    assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 5, 6, 8, 10, 12]
+    assert [e.step for e in acc.Scalars("eval/loss")] == [0, 4, 8, 12]  # the untrained model's at step 0
+    assert [e.step for e in acc.Scalars("train/loss")] == [2, 4, 6, 8, 10, 12]
     assert os.path.isfile(os.path.join(plan.run_dir, "loss.png"))
 
 
@@ -139,7 +136,7 @@ def test_export_reloads_with_the_trained_weights(reference):
         assert not torch.allclose(initial(ids).logits, trained(ids).logits)
 
 
-def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root):
+def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root, driver_assets):
     """Reports every step (faster than the controller polls): the restart still starts from the last checkpoint.
 
     Before checkpoints alone were reported to Ray, ten queued per-step reports kept checkpoint 8
@@ -147,7 +144,7 @@ def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root)
     """
     ref_plan, _, _ = reference
     marker = root / "fault.killed"
-    plan, _ = _plan(root, "fault", max_failures=1, report_every=1)
+    plan, _ = _plan(root, driver_assets, "fault", max_failures=1, report_every=1)
     result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
     assert result.error is None
     assert marker.read_text().startswith("killed at step 10")
@@ -157,10 +154,10 @@ def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root)
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 
 
-def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
+def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root, driver_assets):
     ref_plan, _, _ = reference
     marker = root / "abort.killed"
-    plan, _ = _plan(root, "abort", max_failures=0)
+    plan, _ = _plan(root, driver_assets, "abort", max_failures=0)
     with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError, whatever its module
         result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
         if result.error:
@@ -172,7 +169,7 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root):
     result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
     assert result.error is None
     records = read_metrics(plan.metrics_path)
-    assert [r["step"] for r in records] == [0, 2, 4, 5, 6, 8, 10, 12]
+    assert [r["step"] for r in records] == [0, 2, 4, 6, 8, 10, 12]
     assert {r["resumed_from_step"] for r in records if r["step"] > 8} == {8}
     _assert_same_weights(_weights(plan.export_uri), _weights(ref_plan.export_uri))
 

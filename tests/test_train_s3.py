@@ -4,9 +4,10 @@ Pod-Identity-style credential endpoint as the only source of credentials (tests/
 * the driver's storage check (`storage_check`) round-trips one object through pyarrow's S3
   filesystem, as Ray Train will, and names the cause when the token or the policy is wrong;
 * a kill during a checkpoint upload: a real local Ray Train run (a driver process, `tests/driver_run.py`)
-  checkpoints to s3:// through `StallingProxy`, which holds checkpoint 4's upload; the driver's whole
-  process group is SIGKILLed while it is held, and a rerun under the same name resumes from checkpoint 2,
-  the last complete one, never the partial 4, and ends with an unbroken run's weights; the exported model,
+  checkpoints to s3:// through `StallingProxy`, which holds checkpoint 8's upload; the driver's whole
+  process group is SIGKILLed while it is held, and a rerun under the same name resumes from checkpoint 4,
+  the last complete one (the one the checkpoint manager's snapshot in S3 names), never the partial 8, and
+  ends with the weights of the session's unbroken run (conftest `reference_run`); the exported model,
   the tracking folder and the rank logs land in S3 too; the credential endpoint was called, always with
   the token.
 """
@@ -28,9 +29,10 @@ from workloads.fsdp_finetune.storage_check import storage_problem  # noqa: E402
 from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
 
 BUCKET = "train-s3-path"
-HELD = "checkpoint_step_0000004"  # the upload the proxy holds (tests/driver_run.py: checkpoints 2, 4, 6)
-COMPLETE = "checkpoint_step_0000002"  # the last checkpoint whose upload completed before the kill
-HOLD_WAIT_S = 300.0  # driver start, Ray start, model build and 4 steps on a loaded two-core machine
+HELD = "checkpoint_step_0000008"  # the upload the proxy holds (tests/driver_run.py JOB: checkpoints 4, 8, 12)
+COMPLETE = "checkpoint_step_0000004"  # the last checkpoint whose upload completed before the kill
+COMPLETE_STEP = 4
+HOLD_WAIT_S = 300.0  # driver start, Ray start, model build and 8 steps on a loaded two-core machine
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +91,14 @@ def _object(moto_server, key: str) -> bytes | None:
 
 @pytest.fixture(scope="module")
 def upload_killed(pod_identity, moto_server, driver_assets, tmp_path_factory):
-    """A driver SIGKILLed (its whole process group) while checkpoint 4's upload is held, then rerun.
+    """A driver SIGKILLed (its whole process group) while checkpoint 8's upload is held, then rerun.
 
     Ray Train registers a checkpoint only once every rank's upload has finished and its report has been
     taken (`_upload_checkpoint`, then `_wait_then_report`: ray/train/v2/_internal/execution/context.py,
     Ray 2.58.0), and a rerun resumes from the latest registered one, named in the checkpoint manager's
     snapshot in storage (`_maybe_load_state_from_storage`, execution/checkpoint/checkpoint_manager.py).
     The kill lands while the upload is held, not by timing: the test waits for the proxy to hold one of
-    checkpoint 4's files and for checkpoint 2 to be registered; rank 0 waits after reporting 4
+    checkpoint 8's files and for checkpoint 4 to be registered; rank 0 waits after reporting 8
     (`driver_run --gate`), so no later step trains meanwhile.
     """
     out = tmp_path_factory.mktemp("s3kill")
@@ -126,19 +128,19 @@ def test_a_kill_during_a_checkpoint_upload_leaves_that_checkpoint_unregistered(u
     killed, _ = upload_killed
     assert killed["held"] and all(HELD in path for path in killed["held"])
     assert killed["snapshot"] == COMPLETE
-    assert not any("/model/" in k for k in killed["keys"])  # the killed run trained no step past 4
+    assert not any("/model/" in k for k in killed["keys"])  # the killed run trained no step past 8
 
 
 def test_the_rerun_resumes_from_the_last_complete_checkpoint_with_unbroken_weights(upload_killed, moto_server,
-                                                                                 unbroken_model):
+                                                                                 reference_run):
     from safetensors.torch import load
 
     body = _object(moto_server, "checkpoints/s3-run/metrics.jsonl").decode()
     records = [json.loads(line) for line in body.splitlines() if line.strip()]
-    assert [r["step"] for r in records if r["step"] > 2] == [4, 6]
-    assert {r["resumed_from_step"] for r in records if r["step"] > 2} == {2}  # never the partial 4
+    assert [r["step"] for r in records if r["step"] > COMPLETE_STEP] == [6, 8, 10, 12]
+    assert {r["resumed_from_step"] for r in records if r["step"] > COMPLETE_STEP} == {COMPLETE_STEP}  # never 8
     weights = load(_object(moto_server, "checkpoints/s3-run/model/model.safetensors"))
-    assert driver_run.same_weights(weights, driver_run.weights(unbroken_model))
+    assert driver_run.same_weights(weights, driver_run.weights(reference_run[0].export_uri))
 
 
 def test_the_model_tracking_and_rank_logs_land_in_s3(upload_killed, moto_server):
@@ -149,7 +151,7 @@ def test_the_model_tracking_and_rank_logs_land_in_s3(upload_killed, moto_server)
     # Logs outlive the cluster: rank 0's last lines beside the metrics, the killed attempt's first lines kept
     # above the rerun's (job_logs.attach_rank_tail).
     rank0 = _object(moto_server, "checkpoints/s3-run/logs/rank-0.log").decode()
-    resumed = rank0.index(f"resumed from {BUCKET}/checkpoints/s3-run/{COMPLETE} at step 2")
+    resumed = rank0.index(f"resumed from {BUCKET}/checkpoints/s3-run/{COMPLETE} at step {COMPLETE_STEP}")
     assert "parameters, world size" in rank0[:resumed]  # the killed attempt's
     assert "exported the model" in rank0[resumed:]
 
