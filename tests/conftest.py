@@ -8,7 +8,8 @@ from tests.loopback import MotoServer
 
 # A test that uses one of these starts a child process (moto's server) or a Ray run through it: `slow`, so
 # `make check` (pytest -m "not slow") leaves it out wherever the test itself is not marked.
-SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference_run", "driver_assets", "ec2_synth"})
+SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference_run", "driver_assets", "ec2_synth",
+                           "ray_head"})
 
 # `make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadfile`). Each module is one unit
 # of work, so its module-scoped fixtures (a Ray cluster, a run shared by its assertions) are made once;
@@ -16,7 +17,8 @@ SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference
 # would make it again. xdist hands out the units with the most tests first. Handing out the longest first
 # instead (Ray modules on both processes at once) measured slower on two cores: 740 s against 636 s.
 # The failure-path modules compare against one unbroken run (`reference_run`, `driver_assets`).
-SHARED_UNITS = {m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")}
+SHARED_UNITS = {**{m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")},
+                **{m: "ray-head" for m in ("test_follow", "test_ray_auth_local")}}  # `ray_head`
 
 
 def _module(nodeid: str) -> str:
@@ -55,6 +57,16 @@ def local_ray():
     start_local_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """A Ray head with its dashboard and token auth (`tests.ray_head`), shared by the session; killed at its end."""
+    from tests import ray_head
+
+    head = ray_head.start()
+    yield head
+    head.stop()
 
 
 @pytest.fixture(scope="session")
