@@ -2,8 +2,8 @@
 
     python bench/hang_time.py [--out DIR] [--timeout-minutes 0.1]
 
-The job of tests/test_hang.py (8 steps, a checkpoint every 4): the last rank stops before step 7's
-collectives (`hang_at_step=6`, `train._maybe_hang`); rank 0's all_reduce fails after
+The job of tests/test_hang.py (`tests.driver_run.JOB`: 12 steps, a checkpoint every 4): the last rank stops
+before step 7's collectives (`hang_at_step=6`, `train._maybe_hang`); rank 0's all_reduce fails after
 `collective_timeout_minutes`, Ray Train restarts the group, which resumes from checkpoint 4.
 Printed (one JSON line):
 
@@ -13,7 +13,7 @@ Printed (one JSON line):
   and kill, a new group, model load, checkpoint restore, then 2 steps to the first report);
 * `hang_to_training_s`: the sum; `run_total_s`: the whole `fit()`.
 
-Loopback only, bounded (one 8-step job). Figures depend on the machine's load: on a shared 2-core
+Loopback only, bounded (one 12-step job). Figures depend on the machine's load: on a shared 2-core
 machine they are upper bounds. Not part of the test suite.
 """
 

@@ -21,7 +21,7 @@ sources of the pinned versions:
   checkpoint.
 
 `collective_timeout_minutes` is 0.1 (6 s) here: long enough for the tiny job's legitimate waits, short
-enough for a test. The job is `tests.driver_run.JOB`, whose held-out loss falls only on checkpoint steps (see
+enough for a test. The job is `tests.driver_run.JOB`, which scores the held-out set only on checkpoint steps (see
 there); the unbroken reference is the session's (conftest `reference_run`): the collective timeout does not
 change the weights.
 """
