@@ -42,13 +42,6 @@ print("done", flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def head(ray_head):
-    """The session's Ray head (conftest `ray_head`): token auth, as the cluster runs with `ray.auth: token`;
-    every CLI call below has the token variables KubeRay sets in the submitter container then."""
-    return ray_head
-
-
 def _submit(head: RayHead, tmp_path: Path, submission_id: str) -> Path:
     script = tmp_path / "job.py"
     script.write_text(JOB)
@@ -67,28 +60,28 @@ def _status(head: RayHead, submission_id: str) -> str:
     return found[-1] if found else ""
 
 
-def test_a_dropped_stream_ends_ray_job_logs_while_the_job_runs(head, tmp_path):
+def test_a_dropped_stream_ends_ray_job_logs_while_the_job_runs(ray_head, tmp_path):
     """What KubeRay's default submitter command meets: the follow ends, with an error, mid-run."""
-    release = _submit(head, tmp_path, "follow-drop-plain")
-    with DroppingProxy(head.url, path_marker=b"/logs/tail", after=b"line 2") as proxy:
+    release = _submit(ray_head, tmp_path, "follow-drop-plain")
+    with DroppingProxy(ray_head.url, path_marker=b"/logs/tail", after=b"line 2") as proxy:
         result = subprocess.run([str(_RAY), "job", "logs", "--address", proxy.url, "--follow", "follow-drop-plain"],
-                                env=cli_env(head.token), capture_output=True, text=True, timeout=120)
+                                env=cli_env(ray_head.token), capture_output=True, text=True, timeout=120)
         assert proxy.dropped == 1
     try:
         assert result.returncode != 0
         assert "line 2" in result.stdout and "done" not in result.stdout
-        assert _status(head, "follow-drop-plain") == "RUNNING"
+        assert _status(ray_head, "follow-drop-plain") == "RUNNING"
     finally:
         release.touch()
 
 
-def test_follow_sh_reattaches_and_ends_with_the_job(head, tmp_path):
-    release = _submit(head, tmp_path, "follow-drop-sh")
+def test_follow_sh_reattaches_and_ends_with_the_job(ray_head, tmp_path):
+    release = _submit(ray_head, tmp_path, "follow-drop-sh")
     script = tmp_path / bundle.FOLLOW_SCRIPT
     script.write_text(bundle.follow_script())
     err = tmp_path / "follow.err"
-    env = {**cli_env(head.token), "RAY_DASHBOARD_ADDRESS": "", "RAY_JOB_SUBMISSION_ID": "follow-drop-sh"}
-    with DroppingProxy(head.url, path_marker=b"/logs/tail", after=b"line 2") as proxy:
+    env = {**cli_env(ray_head.token), "RAY_DASHBOARD_ADDRESS": "", "RAY_JOB_SUBMISSION_ID": "follow-drop-sh"}
+    with DroppingProxy(ray_head.url, path_marker=b"/logs/tail", after=b"line 2") as proxy:
         env["RAY_DASHBOARD_ADDRESS"] = proxy.url.removeprefix("http://")  # KubeRay sets host:port
         with err.open("w") as stderr:
             follow = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -100,7 +93,7 @@ def test_follow_sh_reattaches_and_ends_with_the_job(head, tmp_path):
                     out, _ = follow.communicate(timeout=180)
                 except subprocess.TimeoutExpired as exc:
                     pytest.fail(f"follow.sh still running 180 s after the job was released: {exc.stdout!r} "
-                                f"{err.read_text()[-3000:]} (job status {_status(head, 'follow-drop-sh')})")
+                                f"{err.read_text()[-3000:]} (job status {_status(ray_head, 'follow-drop-sh')})")
             finally:
                 if follow.poll() is None:
                     follow.kill()
