@@ -32,9 +32,10 @@ endif
 
 .PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
-# The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
+# Every pinned upstream artifact the tests and the synth read (Helm charts, KubeRay CRDs, the add-on schema): from
+# ../shared when present, else downloaded into .cache/pins/; each checked against its SHA-256 (tools/pins.py).
 setup: tools prometheus
-	@$(PY) -m charts.crds
+	@$(PY) -m tools.pins
 
 # What the local fine-tune needs: no CRDs.
 tools: node-check $(VENV)/.installed node_modules/.installed

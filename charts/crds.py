@@ -17,7 +17,6 @@ import hashlib
 import http.client
 import os
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -25,16 +24,15 @@ from pathlib import Path
 
 from charts.errors import ChartError
 from config.loader import REPO_ROOT
+from tools import pins
 
-VERSION = "1.7.0"
-# From the v1.7.0 tag (commit 59d663aeec13760646da3db9c1cf8cfe883e30b7), ray-operator/config/crd/bases/.
-SHA256 = {
-    "ray.io_rayclusters.yaml": "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1",
-    "ray.io_rayjobs.yaml": "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5",
-}
+# The pins (version, URL, SHA-256) are rows of the one table in tools/pins.py.
+_PINS = [p for p in pins.of_kind("file") if p.mirror.startswith("kuberay/")]
+VERSION = pins.KUBERAY_VERSION
+SHA256 = {p.name: p.sha256 for p in _PINS}
 DIR_ENV = "KUBERAY_CRD_DIR"
 BASE_URL_ENV = "KUBERAY_CRD_BASE_URL"
-DEFAULT_BASE_URL = f"https://raw.githubusercontent.com/ray-project/kuberay/v{VERSION}/ray-operator/config/crd/bases"
+DEFAULT_BASE_URL = _PINS[0].url.rsplit("/", 1)[0]
 # Each file is about 1 MB; a stalled connection should fail the set-up, not hang it.
 DOWNLOAD_TIMEOUT_S = 60.0
 
@@ -57,7 +55,8 @@ def base_url(environ: Mapping[str, str] = os.environ) -> str:
 def search_dirs(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ) -> list[Path]:
     """The folders looked in, first match wins."""
     dirs = [Path(environ[DIR_ENV])] if environ.get(DIR_ENV) else []
-    return dirs + [shared_dir(repo_root), cache_dir(repo_root)]
+    # tools/pins.py's cache last: `python -m tools.pins` may have downloaded them there.
+    return dirs + [shared_dir(repo_root), cache_dir(repo_root), pins.cache_root(repo_root)]
 
 
 def check_digest(data: bytes, file: str, source: str, *, fix: str) -> None:
@@ -107,19 +106,9 @@ def _download(url: str, file: str, repo_root: Path, environ: Mapping[str, str], 
 
 
 def _cache(data: bytes, file: str, repo_root: Path) -> Path:
-    folder = cache_dir(repo_root)
-    folder.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed: a concurrent reader sees the whole file or none.
-    fd, tmp = tempfile.mkstemp(prefix=f".{file}.", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, folder / file)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return folder / file
+    pins.write_atomic(cache_dir(repo_root) / file, data)
+    return cache_dir(repo_root) / file
 
 
 def main(argv: list[str] | None = None) -> int:

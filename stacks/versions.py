@@ -10,6 +10,7 @@ from constructs import Construct
 from config.k8s import KUBERAY_NAMESPACE
 from config.observability import MONITORING_NAMESPACE, STACK_RELEASE
 from config.versions import CLUSTER_AUTOSCALER_CHARTS, kubectl_layer_module
+from tools.pins import chart_version
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,8 @@ class ChartPin:
     namespace: str
 
 
+# Chart versions come from the one table of pinned artifacts (tools/pins.py), which the tests render; the
+# variable file's defaults and config/versions.py are checked against it (tests/test_pins.py).
 # Each version below was looked up in its repository's published Helm index (index.yaml on the gh-pages
 # branch), and the comment beside it says where it was seen: a version the index does not list fails
 # `helm install` and, on a first create, rolls the whole cluster stack back.
@@ -32,7 +35,7 @@ class ChartPin:
 NVIDIA_DEVICE_PLUGIN = ChartPin(
     chart="nvidia-device-plugin",
     repository="https://nvidia.github.io/k8s-device-plugin",
-    version="0.20.0",
+    version=chart_version("nvidia-device-plugin"),
     release="nvidia-device-plugin",
     namespace="kube-system",
 )
@@ -44,7 +47,7 @@ NVIDIA_DEVICE_PLUGIN = ChartPin(
 EFA_DEVICE_PLUGIN = ChartPin(
     chart="aws-efa-k8s-device-plugin",
     repository="https://aws.github.io/eks-charts",
-    version="v0.5.30",
+    version=chart_version("aws-efa-k8s-device-plugin"),
     release="aws-efa-k8s-device-plugin",
     namespace="kube-system",
 )
@@ -95,7 +98,7 @@ MANAGED_ADDON_VERSIONS: dict[str, dict[str, str]] = {
 }
 
 # The chart whose configuration schema matches the pinned eks-node-monitoring-agent add-on (tests render it).
-NODE_MONITORING_AGENT_CHART = "1.7.0"
+NODE_MONITORING_AGENT_CHART = chart_version("eks-node-monitoring-agent")
 
 
 def managed_addon_version(kubernetes_version: str, addon: str) -> str:
@@ -142,7 +145,7 @@ def kubectl_layer(scope: Construct, id: str, *, kubernetes_version: str):
 KUBE_PROMETHEUS_STACK = ChartPin(
     chart="kube-prometheus-stack",
     repository="https://prometheus-community.github.io/helm-charts",
-    version="88.5.3",
+    version=chart_version("kube-prometheus-stack"),
     release=STACK_RELEASE,
     namespace=MONITORING_NAMESPACE,
 )
@@ -160,7 +163,7 @@ NODE_EXPORTER_SHELL_IMAGE = f"quay.io/prometheus/node-exporter:v{NODE_EXPORTER_V
 DCGM_EXPORTER = ChartPin(
     chart="dcgm-exporter",
     repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
-    version="4.8.2",
+    version=chart_version("dcgm-exporter"),
     release="dcgm-exporter",
     namespace=MONITORING_NAMESPACE,
 )

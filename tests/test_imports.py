@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-PACKAGES = ("bench", "charts", "config", "stacks", "tests", "workloads")
+PACKAGES = ("bench", "charts", "config", "stacks", "tests", "tools", "workloads")
 
 
 def modules() -> dict[str, Path]:

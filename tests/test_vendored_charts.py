@@ -10,6 +10,7 @@ import pytest
 
 from charts.errors import ChartError
 from charts.vendored import CHARTS, DIR_ENV, FILES, ChartsUnavailable, chart_dir, file_path, shared_dir
+from tools.pins import GITHUB_RAW_ENV, MIRROR_ENV
 
 SMALL = "aws-efa-k8s-device-plugin-v0.5.30"
 
@@ -45,17 +46,21 @@ def test_an_altered_copy_is_refused_not_passed_over(shared, tmp_path):
         chart_dir(SMALL, environ={DIR_ENV: str(tmp_path)})
 
 
+# A user's clone: no ../shared beside it, and GitHub's raw host replaced by a closed loopback port.
+OFFLINE = {MIRROR_ENV: "/nonexistent", GITHUB_RAW_ENV: "http://127.0.0.1:9"}
+
+
 def test_a_missing_chart_says_how_to_get_it(tmp_path):
     with pytest.raises(ChartsUnavailable, match=rf"{SMALL} not found .*set {DIR_ENV} to a folder holding {SMALL}"):
-        chart_dir(SMALL, repo_root=tmp_path / "repo", environ={})
+        chart_dir(SMALL, repo_root=tmp_path / "repo", environ=OFFLINE)
 
 
 def test_a_missing_schema_says_how_to_get_it(tmp_path):
     (name,) = FILES
-    with pytest.raises(ChartsUnavailable, match="check out ../shared beside the repository"):
-        file_path(name, repo_root=tmp_path / "repo", environ={})
+    with pytest.raises(ChartsUnavailable, match="download from http://127.0.0.1:9/.*check out ../shared beside"):
+        file_path(name, repo_root=tmp_path / "repo", environ=OFFLINE)
 
 
 def test_an_unpinned_chart_is_refused_with_the_fix():
-    with pytest.raises(ChartError, match="add it to CHARTS in charts/vendored.py"):
+    with pytest.raises(ChartError, match="add it to the table in tools/pins.py"):
         chart_dir("some-chart-1.0.0")

@@ -1,0 +1,1 @@
+"""Command-line tools that serve the whole repository (pinned artifacts)."""
