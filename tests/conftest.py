@@ -6,6 +6,9 @@ import pytest
 
 from tests.loopback import MotoServer
 
+# Passed/skipped/failed per tier, and in CI (CI=true) an unlisted skip fails the run (tests/allowed_skips.toml).
+pytest_plugins = ("tests.ci_accounting",)
+
 # A test that uses one of these starts a child process (moto's server) or a Ray run through it: `slow`, so
 # `make check` (pytest -m "not slow") leaves it out wherever the test itself is not marked.
 SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference_run", "driver_assets", "ec2_synth",
