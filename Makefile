@@ -30,22 +30,31 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: help setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+
+# `make help`: every target, one line each (the `## ` text on its line; tests/test_make_help.py keeps it complete).
+help: ## list every target, one line each
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):.*## (.*)$$/\1\t\2/' | \
+	  awk -F'\t' '{ printf "  %-16s %s\n", $$1, $$2 }'
+
+# When this make started: `make setup` ends with the time it took.
+SETUP_START := $(shell date +%s)
 
 # Every pinned upstream artifact the tests and the synth read (Helm charts, KubeRay CRDs, the add-on schema): from
 # ../shared when present, else downloaded into .cache/pins/; each checked against its SHA-256 (tools/pins.py).
-setup: tools prometheus
+setup: tools prometheus ## install everything (Python venv with uv, Node CLIs, Prometheus, pinned charts and CRDs)
 	@$(PY) -m tools.pins
+	@echo "setup: ready in $$(( $$(date +%s) - $(SETUP_START) )) s"
 
 # What the local fine-tune needs: no CRDs.
-tools: node-check $(VENV)/.installed node_modules/.installed
+tools: node-check $(VENV)/.installed node_modules/.installed ## the Python venv and the Node CLIs only (what the local fine-tune needs)
 
 # Debian's Prometheus server and promtool (2.42) for the local scrape test (tests/test_observability.py,
 # docs/observability.md), and its node exporter (1.5.0) for the EFA counters test (tests/test_efa_counters.py):
 # installed only when missing, and only where apt-get can run (root, or sudo without a password); otherwise one
 # line says so and those tests skip with the same advice.
 PROMETHEUS_PACKAGES := prometheus prometheus-node-exporter
-prometheus:
+prometheus: ## Debian's Prometheus and node exporter, for the scrape tests (apt-get, only when missing)
 	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && \
 	  command -v prometheus-node-exporter >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else \
@@ -53,11 +62,12 @@ prometheus:
 	  exit 0; fi; \
 	if ! command -v apt-get >/dev/null; then echo "note: no apt-get; install Prometheus 2.x with promtool" \
 	  "and node_exporter as prometheus-node-exporter"; exit 0; fi; \
+	echo "setup: installing $(PROMETHEUS_PACKAGES) with apt-get (about 30 s)"; \
 	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	  --no-install-recommends $(PROMETHEUS_PACKAGES) >/dev/null || \
 	  echo "note: apt-get install $(PROMETHEUS_PACKAGES) failed; their tests skip"
 
-node-check:
+node-check: ## say whether the Node.js found is one jsii supports
 	@v=$$(node --version 2>/dev/null) || { echo "error: Node.js not found; install Node.js $(firstword $(NODE_SUPPORTED)) or $(lastword $(NODE_SUPPORTED)) (docs/setup.md: Node.js)" >&2; exit 1; }; \
 	major=$${v#v}; major=$${major%%.*}; \
 	if [ "$$major" -lt $(firstword $(NODE_SUPPORTED)) ]; then \
@@ -66,34 +76,36 @@ node-check:
 	  echo "note: Node.js $$v is newer than jsii (CDK, cdk8s) has been tested with ($(firstword $(NODE_SUPPORTED)) and $(lastword $(NODE_SUPPORTED)))"; \
 	fi
 
+# uv installs the same pins as pip, 3.9x faster here (bench/setup_install.py); tools/install.py says what it
+# installs and prints a line at least every 10 s while it works.
 $(VENV)/.installed: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	touch $@
+	@$(PYTHON) tools/install.py --python $(PYTHON) $(VENV) requirements.txt \
+	  --what "torch, Ray, the CDK and cdk8s libraries: about 2 GB unpacked; 45 s measured on 2 cores from local wheels"
+	@touch $@
 
 node_modules/.installed: package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
-	touch $@
+	@$(PYTHON) tools/install.py --run "npm ci (the cdk and cdk8s CLIs)" -- npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
-synth: synth-cdk synth-k8s synth-ec2
+synth: synth-cdk synth-k8s synth-ec2 ## synthesize all three: CloudFormation, Kubernetes manifests, the EC2 target
 
-synth-cdk: setup
+synth-cdk: setup ## CloudFormation templates into cdk.out/
 	npx cdk synth --quiet
 
 # The EC2 target (docs/ec2.md) from the same file: its stacks, and the `ray up` YAML rendered from a fixture of
 # the stacks' outputs (after a real deploy: python -m charts.launcher render --deployed).
 EC2_DIR ?= out/ec2
-synth-ec2: setup
+synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/
 	npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out
 	$(PY) -m charts.launcher render --outputs tests/fixtures/ec2_stack_outputs.json --out-dir $(EC2_DIR)
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
-synth-k8s: setup
+synth-k8s: setup ## the RayCluster and RayJob manifests into dist/
 	CDK8S_CHECK_UPGRADE=false npx cdk8s synth
 
 # The synth's own output goes to a log (its tail shown if it fails); the console keeps the training's story. The
 # fine-tune needs neither the CRDs nor the synth: it runs either way, and a failed synth fails the target after it.
-demo: tools
+demo: tools ## set-up, synthesis, then a real local fine-tune on CPU (out/demo/)
 	@mkdir -p $(DEMO_DIR)
 	@synth=ok; $(MAKE) -s --no-print-directory synth > $(DEMO_DIR)/synth.log 2>&1 || synth=failed; \
 	if [ $$synth = ok ]; then \
@@ -108,18 +120,19 @@ demo: tools
 
 # Two processes (pytest-xdist): on two cores they overlap one module's waits (process starts, Ray's polls)
 # with another's work; a module runs whole in one process (tests/conftest.py). TEST_WORKERS=1 runs serially.
+# The oldest pinned pyarrow is installed first, so tests/test_pyarrow_s3.py runs it too instead of skipping.
 TEST_WORKERS ?= 2
-test: setup
+test: setup pyarrow-oldest ## the whole suite (two pytest processes); counts per tier at the end
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # The edit loop: every test not marked slow (pyproject.toml `markers`), in under a minute; CI runs `make test`.
-check: setup
+check: setup ## the fast subset (not marked slow), under a minute: the edit loop
 	$(PY) -m pytest -q -m "not slow"
 
-lint: setup
+lint: setup ## ruff
 	$(PY) -m ruff check .
 
-bench: setup
+bench: setup ## every benchmark under bench/ but the GPU one (prints figures)
 	for b in bench/*.py; do [ "$$b" = bench/gpu_throughput.py ] || $(PY) $$b || exit 1; done
 
 # checkov on what the project authors: the manifests plus the Ray pods inside the RayCluster and RayJob
@@ -130,7 +143,7 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	$(CHECKOV_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-checkov.txt
 	touch $@
 
-checkov: synth $(CHECKOV_VENV)/.installed
+checkov: synth $(CHECKOV_VENV)/.installed ## checkov on the manifests, the Ray pods and the templates
 	$(PY) -m charts.scan dist out/checkov
 	$(CHECKOV) --framework kubernetes -d out/checkov
 	$(CHECKOV) --framework cloudformation -d cdk.out
@@ -138,11 +151,11 @@ checkov: synth $(CHECKOV_VENV)/.installed
 
 # pyarrow 24.0.0 (the oldest the image could carry) in its own venv, for tests/test_pyarrow_s3.py.
 PYARROW_OLDEST_VENV := .venv-pyarrow-oldest
-pyarrow-oldest: $(PYARROW_OLDEST_VENV)/.installed
+pyarrow-oldest: $(PYARROW_OLDEST_VENV)/.installed ## the oldest pinned pyarrow in its own venv (make test runs its S3 tests)
 $(PYARROW_OLDEST_VENV)/.installed: requirements-pyarrow-oldest.txt
-	test -x $(PYARROW_OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(PYARROW_OLDEST_VENV)
-	$(PYARROW_OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-pyarrow-oldest.txt
-	touch $@
+	@$(PYTHON) tools/install.py --python $(PYTHON) $(PYARROW_OLDEST_VENV) requirements-pyarrow-oldest.txt \
+	  --what "pyarrow 24.0.0, 47 MB"
+	@touch $@
 
-clean:
+clean: ## remove cdk.out/, dist/ and out/ (the demo's run too)
 	rm -rf cdk.out dist out .pytest_cache
