@@ -21,7 +21,8 @@ SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference
 # instead (Ray modules on both processes at once) measured slower on two cores: 740 s against 636 s.
 # The failure-path modules compare against one unbroken run (`reference_run`, `driver_assets`).
 SHARED_UNITS = {**{m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")},
-                **{m: "ray-head" for m in ("test_follow", "test_ray_auth_local")}}  # `ray_head`
+                **{m: "ray-head"  # `ray_head`
+                   for m in ("test_follow", "test_ray_auth_local", "test_local_ray_loopback")}}
 
 
 def _module(nodeid: str) -> str:

@@ -19,12 +19,13 @@ def main(spec_file: str) -> int:
     import ray
 
     from workloads.fsdp_finetune.launch import local_plan, refuse, run_training, token_problems, with_secret_arn
-    from workloads.local_ray import LOCAL_WORKERS
+    from workloads.local_ray import LOCAL_WORKERS, loopback_only
 
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     # The cluster first, as on EKS where it runs before the job: its processes do not inherit the
     # driver's token (each worker fetches its own).
+    loopback_only()
     ray.init(num_cpus=LOCAL_WORKERS + 1, include_dashboard=False, log_to_driver=True, configure_logging=False,
              _temp_dir=spec["ray_dir"])
     try:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.waiting import kill_session, wait_for
+from workloads.local_ray import LOOPBACK_ENV
 
 RAY = Path(sys.executable).with_name("ray")
 START_S = 240  # `ray start` and the dashboard's modules on a loaded two-core machine
@@ -45,7 +46,7 @@ def cli_env(token: str | None = None) -> dict[str, str]:
     and then the head never serves the Jobs API."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "180",
-                "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}"})
+                "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}", **LOOPBACK_ENV})
     if token is not None:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     return env

@@ -22,6 +22,9 @@ def local_ray():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    from workloads.local_ray import loopback_only
+
+    loopback_only()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
