@@ -16,6 +16,7 @@ from config.loader import ConfigError, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
 from config.observability import EFA_SIDECAR_REQUESTS
+from config.target import target_problems
 from config.versions import image_tag_moves
 
 
@@ -113,6 +114,10 @@ def check(file: str | None, *, online: bool = False) -> ClusterConfig:
     from config.online import offline_notes, online_findings
 
     config = load_or_exit(file)
+    if config.target != "ec2":
+        for line in target_problems(config, "ec2"):
+            print(f"note: make synth skips the EC2 target for this file (synth-ec2), which refuses {line}",
+                  file=sys.stderr)
     if online:
         found = online_findings(config)
         for note in found.notes:
@@ -139,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     check_cmd.add_argument("--online", action="store_true",
                            help="also check what needs the network: Hub ids, S3 buckets and, with AWS credentials, "
                                 "GPU quotas, instance offerings in the GPU AZ and capacity reservations")
+    suits = sub.add_parser("suits", help="exit 0 if the file synthesizes for TARGET, else 1 with the rules it "
+                                         "breaks (the Makefile's synth-ec2 asks before synthesizing)")
+    suits.add_argument("target", choices=("eks", "ec2"))
+    add_file_argument(suits)
     reference = sub.add_parser("reference", help="print the field reference table (docs/reference.md)")
     reference.add_argument("--write", metavar="PAGE", nargs="?", const="docs/reference.md",
                            help="update the table in this page instead (default page: docs/reference.md)")
@@ -152,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.write}: {'updated' if write_into(Path(args.write)) else 'already current'}")
         else:
             print(reference_table())
+        return 0
+    if args.command == "suits":
+        import sys
+
+        problems = target_problems(load_or_exit(chosen_file(suits, args)), args.target)
+        if problems:
+            print("; ".join(problems), file=sys.stderr)
+            return 1
         return 0
     check(chosen_file(check_cmd, args), online=args.online)
     return 0

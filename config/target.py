@@ -24,6 +24,22 @@ def with_target(config: ClusterConfig, target: str) -> ClusterConfig:
     return changed
 
 
+# `make synth` (and so `make demo`) synthesizes the file's own target (synth-cdk, synth-k8s) and the EC2 target
+# from the same file (synth-ec2, `-c target=ec2`; app.py calls `with_target`). For an EKS file the EC2 target's
+# rules refuse (a capacity block, gpus_per_pod short of a whole node), synth-ec2 is skipped with a note
+# (`python -m config suits ec2`), and `python -m config check` prints the same note: a file check passes always
+# synthesizes, and check and synth name the same rules.
+
+
+def target_problems(config: ClusterConfig, target: str) -> list[str]:
+    """`field: problem` lines for each rule `config` breaks under `target` (none: it synthesizes for it)."""
+    try:
+        with_target(config, target)
+    except ValueError as exc:
+        return str(exc).splitlines()
+    return []
+
+
 def ec2_cost_per_hour(config: ClusterConfig) -> tuple[float, float]:
     """On-demand (idle, running) cost of the EC2 target for `config`, USD per hour.
 
