@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from config.hints import did_you_mean, fields_at
 from config.model import ClusterConfig, Problem
-from config.yaml_source import Source, YamlProblem, number_as_written, parse
+from config.yaml_source import Source, YamlProblem, number_as_written, parse, syntax_problem
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILE = REPO_ROOT / "config" / "cluster.yaml"
@@ -55,10 +55,9 @@ def load_config(path: str | os.PathLike | None = None) -> ClusterConfig:
     try:
         source = parse(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(yaml)"
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(file, [Problem(path=where, message=f"malformed YAML: {reason}; fix the syntax")]) from None
+        line, column, message = syntax_problem(text, exc)
+        where = f"line {line}, column {column}" if line else "(yaml)"
+        raise ConfigError(file, [Problem(path=where, message=message)]) from None
     except YamlProblem as exc:
         where = f"line {exc.where.line}, column {exc.where.column}"
         raise ConfigError(file, [Problem(path=where, message=exc.message)]) from None

@@ -103,3 +103,60 @@ def number_as_written(where: Where | None, value: Any) -> str | None:
     if where is None or where.text is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return where.text
+
+
+# ---- syntax errors in words ------------------------------------------------------------------------------------
+# PyYAML's scanner and parser name the token they did not expect ("expected <block end>, but found '<block mapping
+# start>'"); a newcomer needs the line and what to change. The messages matched below are PyYAML 6.0.3's
+# (yaml/scanner.py and yaml/parser.py); an unmatched one keeps PyYAML's own words.
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _code(line: str) -> str:
+    """The line as written, without its comment."""
+    return line.split(" #", 1)[0].rstrip()
+
+
+def _content_lines(lines: list[str], before: int) -> list[int]:
+    """0-based indexes of the non-blank, non-comment lines before `before`, nearest first."""
+    return [i for i in range(min(before, len(lines)) - 1, -1, -1)
+            if lines[i].strip() and not lines[i].lstrip().startswith("#")]
+
+
+def syntax_problem(text: str, exc: yaml.YAMLError) -> tuple[int | None, int | None, str]:
+    """(1-based line, column, message with the likely fix) for a YAML syntax error in `text`."""
+    mark = getattr(exc, "problem_mark", None)
+    reason = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return None, None, f"malformed YAML: {reason}; fix the syntax"
+    lines = text.splitlines()
+    row, column = mark.line, mark.column
+    shown = lines[row] if row < len(lines) else ""
+    quote = f": `{_code(shown)}`" if shown.strip() else ""
+    if "'\\t'" in reason or "\t" in shown[: len(shown) - len(shown.lstrip())]:
+        return row + 1, column + 1, (f"a tab in the indentation{quote}. YAML indents with spaces only: replace the "
+                                     "tab with spaces (this file uses 2 per level)")
+    if "could not find expected ':'" in reason:
+        for i in _content_lines(lines, row + 1):
+            body = lines[i].split(" #", 1)[0]
+            if ":" not in body and not body.lstrip().startswith("- "):
+                return i + 1, _indent(lines[i]) + 1, (f"a missing colon: `{_code(lines[i])}`. Write `key: value` "
+                                                      "(a colon and a space after the key)")
+    if "expected <block end>" in reason or "did not find expected key" in reason or \
+            "mapping values are not allowed" in reason:
+        earlier = _content_lines(lines, row)
+        if earlier and "mapping values are not allowed" not in reason:
+            # PyYAML stops on the line after a mis-indented key when that key went deeper than its section: of the
+            # two, blame the one off the file's 2-space grid.
+            bad = earlier[0] if _indent(lines[earlier[0]]) % 2 and not _indent(shown) % 2 else row
+            others = _content_lines(lines, bad)[:8]
+            siblings = sorted({_indent(lines[i]) for i in others})
+            return bad + 1, _indent(lines[bad]) + 1, (
+                f"wrong indentation: `{_code(lines[bad])}` is indented {_indent(lines[bad])} spaces. Indent a key "
+                f"like the other keys of its section (the lines above use {', '.join(map(str, siblings))} spaces; 2 "
+                "more for each level)")
+        return row + 1, column + 1, (f"a value with a colon in it, or a key indented under a value{quote}. Quote a "
+                                     "value that contains ': ' (\"a: b\"), or indent the key like its siblings")
+    return row + 1, column + 1, f"malformed YAML: {reason}{quote}; fix the syntax"
