@@ -64,6 +64,24 @@ class _ToRunLog(logging.Handler):
             self.run_log.show(text.splitlines()[0])
 
 
+KEPT_LOGS = 5
+"""Earlier runs' logs kept beside the current one in the same output folder (`ray.log.1` the last, up to
+`ray.log.5`): a rerun, a resume after a failure, must not wipe the log that explains the failure."""
+
+
+def keep_previous(path: Path) -> Path | None:
+    """Shift `path` to `path.1` (and `.1` to `.2`, ... up to KEPT_LOGS, the oldest dropped); the kept file."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    for n in range(KEPT_LOGS - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{n + 1}"))
+    kept = path.with_name(f"{path.name}.1")
+    path.replace(kept)
+    return kept
+
+
 class RunLog:
     """The log file of one local run (`<output dir>/ray.log`) and the filter in front of the console."""
 
@@ -71,6 +89,7 @@ class RunLog:
         self.path, self.verbose = Path(path), verbose
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.previous = keep_previous(self.path)
         self.path.write_text(f"# Ray's and the workers' output of a local run, started {time.strftime('%F %T')}\n")
         if not verbose:
             # Hugging Face's "Loading weights" / "Writing model shards" bars: one bar (training) is enough.

@@ -350,7 +350,15 @@ class DriverProgress:
 
         from workloads.fsdp_finetune.metrics import read_metrics
 
-        with tqdm(total=self.total, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True) as bar:
+        # tqdm's own ETA divides the steps by the time since the bar appeared, which here includes starting Ray,
+        # the workers and the model (most of a short run): it overstates the rest at first, then jumps. The ETA
+        # shown is the rest of the steps at the pace of the steps seen so far (`StepEta`), and no ETA before two
+        # reports; the export and the held-out evaluation after the last step are not in it, which the label says.
+        eta = StepEta(self.total)
+        fmt = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+        with tqdm(total=self.total, desc="train", unit="step", file=sys.stdout, dynamic_ncols=True,
+                  bar_format=fmt) as bar:
+            bar.set_postfix_str("starting Ray and the workers", refresh=True)
             while True:
                 stopping = self._stop.wait(self.interval_s)
                 try:
@@ -360,10 +368,41 @@ class DriverProgress:
                 if records:
                     last = records[-1]
                     bar.n = last["step"]
-                    bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{last['tokens_per_s']:.0f}", refresh=False)
+                    eta.seen(last["step"], time.monotonic())
+                    bar.set_postfix_str(f"loss={last['loss']:.3f}, tok/s={last['tokens_per_s']:.0f}, "
+                                        f"{eta.text(time.monotonic())}", refresh=False)
                     bar.refresh()
                 if stopping:
                     return
+
+
+class StepEta:
+    """The time left to the last step, from the pace of the steps reported so far (the driver's own clock)."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+
+    def seen(self, step: int, now: float) -> None:
+        if self.first is None:
+            self.first = (step, now)
+        if self.last is None or step > self.last[0]:
+            self.last = (step, now)
+
+    def seconds_left(self, now: float) -> float | None:
+        """None until two different steps were seen; else the remaining steps times the seconds per step."""
+        if not self.first or not self.last or self.last[0] <= self.first[0]:
+            return None
+        per_step = (self.last[1] - self.first[1]) / (self.last[0] - self.first[0])
+        # Time since the last report counts as progress on the next step, never as negative time.
+        return max(0.0, (self.total - self.last[0]) * per_step - (now - self.last[1]))
+
+    def text(self, now: float) -> str:
+        left = self.seconds_left(now)
+        if left is None:
+            return "training ETA after the next step"
+        return f"training ETA {int(left) // 60}:{int(left) % 60:02d} (then export and evaluation)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -522,6 +561,8 @@ def _main_local(args, config: ClusterConfig) -> int:
 
     started = time.perf_counter()
     run_log = RunLog(Path(args.output_dir).resolve() / "ray.log", verbose=args.verbose)
+    if run_log.previous:
+        print(f"the previous run's log is kept as {_shown(run_log.previous)}", flush=True)
     plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
     if args.storage_path:
         plan.storage_path = args.storage_path
