@@ -84,7 +84,7 @@ $(VENV)/.installed: requirements.txt
 	@touch $@
 
 node_modules/.installed: package-lock.json
-	@$(PYTHON) tools/install.py --run "npm ci (the cdk and cdk8s CLIs)" -- npm ci --no-audit --no-fund --loglevel=error
+	@$(PYTHON) tools/install.py --run "setup: npm ci (the cdk and cdk8s CLIs)" -- npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
 synth: synth-cdk synth-k8s synth-ec2 ## synthesize all three: CloudFormation, Kubernetes manifests, the EC2 target
@@ -110,7 +110,9 @@ synth-k8s: setup ## the RayCluster and RayJob manifests into dist/
 # fine-tune needs neither the CRDs nor the synth: it runs either way, and a failed synth fails the target after it.
 demo: tools ## set-up, synthesis, then a real local fine-tune on CPU (out/demo/)
 	@mkdir -p $(DEMO_DIR)
-	@synth=ok; $(MAKE) -s --no-print-directory synth > $(DEMO_DIR)/synth.log 2>&1 || synth=failed; \
+	@synth=ok; : > $(DEMO_DIR)/synth.log; \
+	$(PYTHON) tools/install.py --run "synthesizing (CDK, cdk8s, the EC2 target)" --log $(DEMO_DIR)/synth.log -- \
+	  $(MAKE) -s --no-print-directory synth || synth=failed; \
 	if [ $$synth = ok ]; then \
 	  echo "synthesized cdk.out/ (CloudFormation), dist/ (Kubernetes manifests) and out/ec2/ (the EC2 target's stacks" \
 	    "and ray up YAML); log in $(DEMO_DIR)/synth.log"; \

@@ -24,10 +24,10 @@ def test_a_quiet_step_prints_a_line_at_least_every_heartbeat(monkeypatch, capsys
                                           "time.sleep(2.2); print('end')"])
     out = capsys.readouterr().out
     assert code == 0
-    assert out.count("setup: quiet: still working") >= 2
-    assert "setup: quiet: start" in out and "setup: quiet: end" in out and "setup: quiet: done in" in out
+    assert out.count("quiet: still working") >= 2
+    assert "quiet: start" in out and "quiet: end" in out and "quiet: done in" in out
 
 
 def test_a_failed_step_says_so(capsys):
     assert install.run_labelled("broken", [sys.executable, "-c", "raise SystemExit(3)"]) == 3
-    assert "setup: broken: failed (exit 3)" in capsys.readouterr().out
+    assert "broken: failed (exit 3)" in capsys.readouterr().out

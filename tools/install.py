@@ -105,10 +105,16 @@ def run_with_heartbeat(command: list[str], venv: Path, start: float, expected: i
     return code
 
 
-def run_labelled(label: str, command: list[str]) -> int:
-    """`--run LABEL -- COMMAND`: any other set-up step (npm ci) with the same heartbeat and timing."""
+def run_labelled(label: str, command: list[str], *, log_file: Path | None = None) -> int:
+    """`--run LABEL [--log FILE] -- COMMAND`: any other step (npm ci, the demo's synthesis) with the same heartbeat
+    and timing; with a log file the command's own lines go there instead of the console."""
     start = time.monotonic()
-    log(f"{label}: {' '.join(command)}")
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    say(f"{label}: {' '.join(command)}" + (f" (output in {log_file})" if log_file else ""))
+    sink = log_file.open("a") if log_file else None
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     last = [time.monotonic()]
     done = threading.Event()
@@ -116,28 +122,36 @@ def run_labelled(label: str, command: list[str]) -> int:
     def beat():
         while not done.wait(1.0):
             if time.monotonic() - last[0] >= HEARTBEAT_S:
-                log(f"{label}: still working, {time.monotonic() - start:.0f} s so far")
+                say(f"{label}: still working, {time.monotonic() - start:.0f} s so far")
                 last[0] = time.monotonic()
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
     for line in process.stdout:
-        if line.strip():
-            log(f"{label}: {line.rstrip()}")
+        if sink:
+            sink.write(line)
+        elif line.strip():
+            say(f"{label}: {line.rstrip()}")
             last[0] = time.monotonic()
     code = process.wait()
     done.set()
     thread.join()
-    log(f"{label}: {'done' if code == 0 else f'failed (exit {code})'} in {time.monotonic() - start:.0f} s")
+    if sink:
+        sink.close()
+    say(f"{label}: {'done' if code == 0 else f'failed (exit {code})'} in {time.monotonic() - start:.0f} s")
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--run"]:
+        log_file = None
+        if argv[2:3] == ["--log"] and len(argv) > 3:
+            log_file = Path(argv[3])
+            argv = argv[:2] + argv[4:]
         if len(argv) < 4 or argv[2] != "--":
-            raise SystemExit("usage: python3 tools/install.py --run LABEL -- COMMAND...")
-        return run_labelled(argv[1], argv[3:])
+            raise SystemExit("usage: python3 tools/install.py --run LABEL [--log FILE] -- COMMAND...")
+        return run_labelled(argv[1], argv[3:], log_file=log_file)
     parser = argparse.ArgumentParser(prog="python3 tools/install.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("venv", type=Path)
     parser.add_argument("requirements", type=Path)

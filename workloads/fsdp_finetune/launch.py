@@ -371,7 +371,8 @@ class DriverProgress:
                     eta.seen(last["step"], time.monotonic())
                     bar.set_postfix_str(f"loss={last['loss']:.3f}, tok/s={last['tokens_per_s']:.0f}, "
                                         f"{eta.text(time.monotonic())}", refresh=False)
-                    bar.refresh()
+                # Redrawn on every tick, reports or not: the elapsed time moves, so a slow start never looks hung.
+                bar.refresh()
                 if stopping:
                     return
 
