@@ -1,0 +1,21 @@
+"""bench/newcomer.py's measuring parts: the README commands it runs, and the longest stretch without output."""
+
+from __future__ import annotations
+
+import os
+
+from bench import newcomer
+from tests.helpers import REPO
+
+
+def test_it_runs_the_readmes_commands_in_order():
+    commands = newcomer.readme_commands(REPO / "README.md")
+    assert commands[:2] == ["make help", "make demo"] and "make test" in commands
+    assert all(c.startswith("make ") for c in commands)
+
+
+def test_the_longest_silence_is_measured(tmp_path, capsys):
+    code, wall, silent = newcomer.run_timed("echo a; sleep 1.5; echo b; sleep 0.2", tmp_path, dict(os.environ))
+    assert code == 0 and wall >= 1.7
+    assert 1.4 <= silent < wall
+    assert "    a" in capsys.readouterr().out
