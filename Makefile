@@ -44,7 +44,7 @@ SETUP_START := $(shell date +%s)
 # ../shared when present, else downloaded into .cache/pins/; each checked against its SHA-256 (tools/pins.py).
 setup: tools prometheus ## install everything (Python venv with uv, Node CLIs, Prometheus, pinned charts and CRDs)
 	@$(PY) -m tools.pins
-	@echo "setup: ready in $$(( $$(date +%s) - $(SETUP_START) )) s"
+	@echo "setup: ready ($$(( $$(date +%s) - $(SETUP_START) )) s in this make)"
 
 # What the local fine-tune needs: no CRDs.
 tools: node-check $(VENV)/.installed node_modules/.installed ## the Python venv and the Node CLIs only (what the local fine-tune needs)

@@ -37,9 +37,9 @@ DEFAULT_BASE_URL = _PINS[0].url.rsplit("/", 1)[0]
 DOWNLOAD_TIMEOUT_S = 60.0
 
 
-def shared_dir(repo_root: Path = REPO_ROOT) -> Path:
-    """`../shared/kuberay` beside the repository."""
-    return repo_root.parent / "shared" / "kuberay"
+def shared_dir(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ) -> Path:
+    """`../shared/kuberay` beside the repository, or `$PINS_MIRROR/kuberay` (tools/pins.py's mirror)."""
+    return pins.mirror_root(repo_root, environ) / "kuberay"
 
 
 def cache_dir(repo_root: Path = REPO_ROOT) -> Path:
@@ -56,7 +56,7 @@ def search_dirs(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.env
     """The folders looked in, first match wins."""
     dirs = [Path(environ[DIR_ENV])] if environ.get(DIR_ENV) else []
     # tools/pins.py's cache last: `python -m tools.pins` may have downloaded them there.
-    return dirs + [shared_dir(repo_root), cache_dir(repo_root), pins.cache_root(repo_root)]
+    return dirs + [shared_dir(repo_root, environ), cache_dir(repo_root), pins.cache_root(repo_root)]
 
 
 def check_digest(data: bytes, file: str, source: str, *, fix: str) -> None:
@@ -100,7 +100,8 @@ def _download(url: str, file: str, repo_root: Path, environ: Mapping[str, str], 
         raise ChartError(
             f"{file}: KubeRay {VERSION} CRD not found (looked in {looked}) and the download from {url} failed "
             f"({reason}). Provide the CRDs ({', '.join(SHA256)}) one of three ways: set {DIR_ENV} to a folder "
-            f"holding them; put them in {shared_dir(repo_root)}; or run `make setup` where {url.rsplit('/', 1)[0]} "
+            f"holding them; put them in {shared_dir(repo_root, environ)}; or run `make setup` where "
+            f"{url.rsplit('/', 1)[0]} "
             f"can be reached (or with {BASE_URL_ENV} set to a mirror of it), which caches them in "
             f"{cache_dir(repo_root)}") from None
 

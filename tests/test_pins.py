@@ -158,3 +158,18 @@ def test_the_command_lists_the_table():
                          timeout=60, check=True)
     rows = [line.split("\t") for line in run.stdout.splitlines()]
     assert [row[0] for row in rows] == list(pins.PINS) and all(len(row) == 4 for row in rows)
+
+
+def test_the_crds_are_read_from_the_mirror_pins_mirror_names(tmp_path):
+    """A clone beside no ../shared, with PINS_MIRROR set (bench/newcomer.py --mirror): the synth finds the CRDs
+    where `python -m tools.pins` verified them, without a download."""
+    from charts import crds
+
+    mirror = tmp_path / "mirror"
+    (mirror / "kuberay").mkdir(parents=True)
+    for name in crds.SHA256:
+        (mirror / "kuberay" / name).write_bytes(pins.fetch(name)[0].read_bytes())
+    environ = {pins.MIRROR_ENV: str(mirror), crds.BASE_URL_ENV: "http://127.0.0.1:9"}
+    for name in crds.SHA256:
+        assert crds.crd_path(name, repo_root=tmp_path / "repo", environ=environ, timeout_s=5) == \
+            mirror / "kuberay" / name
