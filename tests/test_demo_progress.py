@@ -22,7 +22,7 @@ def test_no_eta_before_two_steps():
     eta = StepEta(total=10)
     assert eta.seconds_left(0.0) is None
     eta.seen(1, 20.0)
-    assert eta.seconds_left(21.0) is None and "after the next step" in eta.text(21.0)
+    assert eta.seconds_left(21.0) is None and "after the next report" in eta.text(21.0)
 
 
 def test_the_eta_never_goes_negative():

@@ -402,7 +402,7 @@ class StepEta:
     def text(self, now: float) -> str:
         left = self.seconds_left(now)
         if left is None:
-            return "training ETA after the next step"
+            return "training ETA after the next report"
         return f"training ETA {int(left) // 60}:{int(left) % 60:02d} (then export and evaluation)"
 
 
