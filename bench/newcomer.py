@@ -43,10 +43,11 @@ def readme_commands(readme: Path) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
 
 
-def run_timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, float, float]:
-    """Run `command` in a shell; echo its output indented; return (exit code, wall s, longest silence s)."""
+def run_timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, float, float, str]:
+    """Run `command` in a shell; echo its output indented; return (exit code, wall s, longest silence s, the last
+    line before that silence)."""
     start = last = time.monotonic()
-    longest = 0.0
+    longest, where, previous = 0.0, "(start)", "(start)"
     process = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
     selector = selectors.DefaultSelector()
@@ -59,19 +60,23 @@ def run_timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, float,
             chunk = os.read(process.stdout.fileno(), 65536)
             if not chunk:
                 break
-            longest = max(longest, now - last)
+            if now - last > longest:
+                longest, where = now - last, previous
             last = now
             # tqdm redraws with \r: each redraw is output, shown as one line per chunk.
             pending += chunk
             *lines, pending = re.split(rb"[\r\n]", pending)
             for line in lines:
                 if line.strip():
-                    print(f"    {line.decode(errors='replace')[:160]}", flush=True)
+                    previous = line.decode(errors="replace")[:160]
+                    print(f"    {previous}", flush=True)
         elif process.poll() is not None:
             break
     code = process.wait()
     end = time.monotonic()
-    return code, end - start, max(longest, end - last)
+    if end - last > longest:
+        longest, where = end - last, previous
+    return code, end - start, longest, where
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         for command in steps:
             print(f"$ {command}", flush=True)
-            code, wall, silent = run_timed(command, work if command.startswith("git clone") else clone, env)
+            code, wall, silent, where = run_timed(command, work if command.startswith("git clone") else clone, env)
             rows.append((command, code, wall, silent))
-            print(f"  -> exit {code}, {wall:.1f} s, longest stretch without output {silent:.1f} s", flush=True)
+            print(f"  -> exit {code}, {wall:.1f} s, longest stretch without output {silent:.1f} s, after: {where}",
+                  flush=True)
             if command == "make demo" and code == 0:
                 first_success = time.monotonic() - t0
             if code != 0:

@@ -44,3 +44,15 @@ def test_a_rerun_keeps_the_previous_logs(tmp_path):
         RunLog(path).write([f"run {n}"])
     kept = sorted(p.name for p in tmp_path.iterdir())
     assert kept == ["ray.log", *[f"ray.log.{n}" for n in range(1, KEPT_LOGS + 1)]]
+
+
+def test_a_quiet_step_prints_a_line_at_the_start_and_then_regularly(capsys):
+    import time
+
+    from workloads.fsdp_finetune.launch import Heartbeat
+
+    with Heartbeat("evaluating the model on 50 held-out questions", every_s=0.3):
+        time.sleep(1.0)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "evaluating the model on 50 held-out questions ..."
+    assert len([line for line in out if line.startswith("  still evaluating: ")]) >= 2

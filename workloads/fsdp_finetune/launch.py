@@ -377,6 +377,30 @@ class DriverProgress:
                     return
 
 
+class Heartbeat:
+    """One line when a quiet step starts, then one every `every_s` while it lasts, so the console never looks hung
+    (bench/newcomer.py fails a README command silent for more than 30 s)."""
+
+    def __init__(self, label: str, every_s: float = 10.0):
+        self.label, self.every_s = label, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._start = time.monotonic()
+        print(f"{self.label} ...", flush=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            print(f"  still {self.label.split(' ', 1)[0]}: {time.monotonic() - self._start:.0f} s", flush=True)
+
+
 class StepEta:
     """The time left to the last step, from the pace of the steps reported so far (the driver's own clock)."""
 
@@ -584,14 +608,16 @@ def _main_local(args, config: ClusterConfig) -> int:
     print(f"local run: {plan.job.max_steps} steps of {plan.job.global_batch_size} x {plan.job.seq_len} tokens on "
           f"{plan.num_workers} CPU workers; output in {out}", flush=True)
 
-    before = evaluate_dir(assets.model_dir, assets.eval_records, plan.job)
+    with Heartbeat(f"evaluating the untrained model on {len(assets.eval_records)} held-out questions"):
+        before = evaluate_dir(assets.model_dir, assets.eval_records, plan.job)
     print(f"before training: held-out exact match {before['exact_match']:.1%}, loss {before['loss']:.3f} "
           f"({len(assets.eval_records)} questions)", flush=True)
 
-    start_local_ray()
-    run_log.attach()
     try:
+        # The bar first: it says "starting Ray and the workers" while the local cluster comes up.
         with DriverProgress(plan.metrics_path, plan.job.max_steps):
+            start_local_ray()
+            run_log.attach()
             result = run_training(plan)
     except Exception as exc:  # noqa: BLE001 - Ray Train raises TrainingFailedError once retries are spent
         return run_log.failed(exc)
@@ -605,7 +631,8 @@ def _main_local(args, config: ClusterConfig) -> int:
     rows = read_metrics(plan.metrics_path)
     records = [r for r in rows if "loss" in r]
     held_out = [r for r in rows if "eval_loss" in r]
-    after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
+    with Heartbeat(f"evaluating the fine-tuned model on {len(assets.eval_records)} held-out questions"):
+        after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
     summary = {
         "train_loss_first": records[0]["loss"] if records else None,
         "train_loss_last": records[-1]["loss"] if records else None,
