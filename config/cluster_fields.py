@@ -139,6 +139,16 @@ class WorkerGroup(_Strict):
         description="Root volume, GiB (the DLC image is many GB; NVMe takes it where present).",
         json_schema_extra=limit("cfn-lint AWS::EC2::LaunchTemplate Ebs.VolumeSize (gp3); 100: the DLC image"),
     )
+    deployed: bool = Field(
+        default=False,
+        description="true once this group's node group exists (set it after the first successful deploy): with "
+                    "the autoscaler the template then leaves ScalingConfig.DesiredSize out, so a later deploy "
+                    "(a max_nodes or min_nodes change among them) keeps the size the Cluster Autoscaler set; "
+                    "false writes DesiredSize = the group minimum, which creating a node group needs "
+                    "(docs/lifecycle.md).",
+        json_schema_extra=limit("EKS API NodegroupScalingConfig: all or none of the sizes at creation; "
+                                "CloudFormation takes no action when DesiredSize is removed"),
+    )
 
 
 class AutoscalingConfig(_Strict):

@@ -11,6 +11,7 @@ from cdk_nag import AwsSolutionsChecks
 from config import ClusterConfig
 from stacks.cluster import ClusterStack
 from stacks.ec2 import Ec2ClusterStack
+from stacks.helm_addons import CustomResourceServiceTimeout
 from stacks.nag import acknowledge_findings
 from stacks.network import NetworkStack
 from stacks.storage import StorageStack
@@ -60,6 +61,9 @@ def build(app: cdk.App, config: ClusterConfig, *, nag: bool = False) -> ProjectS
                                description=f"{config.cluster.name}: checkpoint bucket and Ray Pod Identity")
         stacks = ProjectStacks(network=network, cluster=cluster, storage=storage)
         acknowledge_findings(network=network, cluster_stack=cluster, storage=storage)
+    for stack in (network, stacks.cluster, storage, stacks.ec2):
+        if stack is not None:
+            cdk.Aspects.of(stack).add(CustomResourceServiceTimeout())
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stacks

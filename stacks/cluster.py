@@ -62,7 +62,12 @@ class ClusterStack(cdk.Stack):
         self.kubernetes_version = section.kubernetes_version
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
 
+        # Deleted with the stack (not retained): it protects only this cluster's Kubernetes Secrets in etcd, which
+        # go with the cluster. KMS never deletes a key at once; `cdk destroy` schedules it for deletion after the
+        # shortest waiting period (KMS ScheduleKeyDeletion: 7 to 30 days), during which it can be cancelled.
+        # A retained key (CDK's default for kms.Key) outlived every teardown.
         secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
+                              removal_policy=cdk.RemovalPolicy.DESTROY, pending_window=cdk.Duration.days(7),
                               description=f"Envelope encryption of Kubernetes secrets in {section.name}")
         self.cluster = eks.Cluster(
             self,

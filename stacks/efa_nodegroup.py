@@ -128,3 +128,13 @@ class EfaNodeGroup(Construct):
         # aws_eks_v2's Nodegroup has no property for the strategy, hence the override.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
+        if config.autoscaling.enabled and group.deployed:
+            # The Cluster Autoscaler owns the size of an existing group. EKS resizes a group to DesiredSize
+            # whenever that property changes, terminating nodes if it is below the running count, and "when
+            # using CloudFormation, no action occurs if you remove this parameter from your CFN template" (EKS API
+            # Reference, NodegroupScalingConfig.desiredSize; the same text in the CloudFormation template reference,
+            # AWS::EKS::Nodegroup ScalingConfig). aws_eks_v2's Nodegroup always writes it (desiredSize ?? minSize),
+            # hence the escape hatch. Creating a group needs it ("When creating a node group, you must specify all
+            # or none of the properties", same page), so a group not yet deployed (`deployed: false`) keeps it,
+            # at the group minimum; tests/test_lifecycle_templates.py checks both templates.
+            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")

@@ -81,11 +81,6 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
         bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
     else:
         bucket_arn = f"arn:{finding_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
-        acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
-                    "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
-                    "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
-                    "cdk-nag's S3BucketSSLRequestsOnly (3.0.2) matches the policy's Resource against the bucket's "
-                    "resolved name and cannot for a name built with the account token.")
     checkov_skip(network.flow_logs, "CKV_AWS_158",
                  "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
                  "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")

@@ -166,3 +166,64 @@ def test_online_check_names_the_token_field_for_a_gated_model(tmp_path):
         result = _run(["config", "check", str(path), "--online"], env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{path}: job.hf_token_secret: " in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- storage.existing_bucket: the kept bucket's TLS-only policy (the redeploy declares none) -------------------
+
+KEPT = "kept-ckpt-bucket"
+
+
+def _tls_only(bucket: str) -> dict:
+    """The policy the first deploy wrote and kept (s3.Bucket(enforce_ssl=True)'s statement, as S3 returns it)."""
+    arn = f"arn:aws:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:*", "Resource": [arn, f"{arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+
+
+@pytest.fixture(scope="module")
+def kept_reader(moto_server, reader):  # reader: the online-models bucket the job reads
+    # moto 5.2.5 authorizes GetBucketPolicy as s3:GetBucketPolicy (moto/s3/responses.py ACTION_MAP).
+    keys = moto_server.create_user("config-check-kept", only_policy([*READ_ACTIONS, "s3:GetBucketPolicy"]))
+    moto_server.create_bucket(KEPT)
+    return keys
+
+
+def _kept_variant(tmp_path, bucket: str):
+    return write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1a",
+                                    "storage": {"existing_bucket": True, "bucket_name": bucket}})
+
+
+def test_online_check_accepts_a_kept_bucket_that_is_still_tls_only(tmp_path, moto_server, kept_reader):
+    moto_server.client("s3").put_bucket_policy(Bucket=KEPT, Policy=json.dumps(_tls_only(KEPT)))
+    result = _run(["config", "check", str(_kept_variant(tmp_path, KEPT)), "--online"],
+                  _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "storage.existing_bucket" not in result.stderr
+
+
+def test_online_check_refuses_a_kept_bucket_whose_policy_is_gone(tmp_path, moto_server, kept_reader):
+    moto_server.client("s3").delete_bucket_policy(Bucket=KEPT)
+    path = _kept_variant(tmp_path, KEPT)
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: storage.existing_bucket: bucket '{KEPT}' has no bucket policy, so it accepts plain HTTP" \
+        in result.stderr
+
+
+def test_online_check_refuses_a_kept_policy_without_the_tls_rule(tmp_path, moto_server, kept_reader):
+    policy = _tls_only(KEPT)
+    policy["Statement"][0]["Condition"] = {"Bool": {"aws:SecureTransport": "true"}}  # the rule turned around
+    moto_server.client("s3").put_bucket_policy(Bucket=KEPT, Policy=json.dumps(policy))
+    path = _kept_variant(tmp_path, KEPT)
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"storage.existing_bucket: the policy of bucket '{KEPT}' has no TLS-only statement" in result.stderr
+
+
+def test_online_check_refuses_existing_bucket_when_there_is_none(tmp_path, moto_server, kept_reader):
+    path = _kept_variant(tmp_path, "never-kept-bucket")
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "storage.existing_bucket: true, but bucket 'never-kept-bucket' does not exist" in result.stderr
