@@ -52,7 +52,26 @@ def plan(config: ClusterConfig) -> str:
                  f"{', GPU minimum' if any(config.group_min(g) for g in config.cluster.worker_groups) else ''}), "
                  f"while a job runs ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
     lines.append(f"  {observability_line(config)}")
+    lines += [f"  {line}" for line in day_two_lines(config)]
     return "\n".join(lines)
+
+
+def day_two_lines(config: ClusterConfig) -> list[str]:
+    """What a later deploy does to the node groups (docs/lifecycle.md; tests/test_lifecycle_templates.py)."""
+    lines = []
+    if config.autoscaling.enabled:
+        new = [g.name for g in config.cluster.worker_groups if not g.deployed]
+        if new:
+            lines.append(f"node groups {', '.join(new)}: deployed: false, so the template sets DesiredSize to the "
+                         "group minimum, which creating a group needs; once the deploy has created them set "
+                         "deployed: true, so that later deploys leave out DesiredSize and keep the Cluster "
+                         "Autoscaler's size (a teardown deletes the groups: set it back to false before a redeploy)")
+        lines.append("min_nodes/max_nodes of a deployed group: only its limits change, running nodes stay (EKS refuses "
+                     "a min_nodes above the group's current size, and the deploy rolls back unchanged)")
+    lines.append("a worker group's instance_type, disk_gib or cluster.node_ami_release_version replaces every node of "
+                 "the group one at a time: a running job ends, so deploy such a change between jobs "
+                 "(python -m stacks.check --against OLD lists what a deploy rolls)")
+    return lines
 
 
 def observability_line(config: ClusterConfig) -> str:

@@ -10,7 +10,7 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.base import _Strict, limit
 
@@ -196,6 +196,15 @@ class ClusterSection(_Strict):
     cloudwatch_observability: bool = Field(
         default=False, description="Install the amazon-cloudwatch-observability add-on (GPU and EFA metrics)."
     )
+    node_ami_release_version: str | None = Field(
+        default=None, pattern=r"^1\.\d+\.\d+-\d{8}$",
+        description="EKS-optimized AL2023 AMI release version of every node group (ReleaseVersion, e.g. "
+                    "1.34.1-20260724; the amazon-eks-ami release notes list them). None: the newest at the group's "
+                    "creation, never changed by a later deploy. Changing it replaces every node of every group "
+                    "(a running job ends).",
+        json_schema_extra=limit("AWS::EKS::Nodegroup ReleaseVersion (an AMI release for the group's Kubernetes "
+                                "version)"),
+    )
     system_nodes: SystemNodes = Field(default_factory=SystemNodes, description="System node group.")
     worker_groups: list[WorkerGroup] = Field(
         min_length=1, max_length=EKS_NODEGROUPS_PER_CLUSTER_MAX, description="GPU worker groups.",
@@ -216,6 +225,14 @@ class ClusterSection(_Strict):
         if not match or int(match.group(1)) < 34:
             raise ValueError("use a current EKS version, 1.34 or later, written like \"1.34\"")
         return value
+
+    @model_validator(mode="after")
+    def _release_matches_version(self) -> ClusterSection:
+        release = self.node_ami_release_version
+        if release is not None and not release.startswith(f"{self.kubernetes_version}."):
+            raise ValueError(f"node_ami_release_version {release} is not a release for Kubernetes "
+                             f"{self.kubernetes_version}; write {self.kubernetes_version}.<patch>-<YYYYMMDD> or null")
+        return self
 
     @field_validator("admin_role_arn")
     @classmethod

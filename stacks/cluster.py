@@ -114,6 +114,7 @@ class ClusterStack(cdk.Stack):
             "System",
             instance_types=[ec2.InstanceType(system.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            release_version=section.node_ami_release_version,
             # Its own launch template (not EKS's default one) to pin IMDS and encrypt the root disk.
             launch_template_spec=eks.LaunchTemplateSpec(id=system_template.ref,
                                                         version=system_template.attr_latest_version_number),

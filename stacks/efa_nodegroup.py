@@ -102,6 +102,8 @@ class EfaNodeGroup(Construct):
             # Set explicitly: with a launch template EKS cannot infer it, and the AL2 GPU AMI the
             # L2 would otherwise pick has no EFA-ready AL2023 nodeadm.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            # None: EKS picks the newest AMI release at creation and no later deploy changes it.
+            release_version=config.cluster.node_ami_release_version,
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number),
             capacity_type=_CAPACITY[group.capacity],
