@@ -155,6 +155,15 @@ def test_config_check_says_a_rolled_group_ends_a_running_job(capsys):
            "a time: a running job ends" in out
 
 
+def test_the_docs_say_a_rolled_group_ends_a_running_job():
+    from tests.helpers import REPO
+
+    text = (REPO / "docs" / "lifecycle.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `instance_type`"))
+    assert "**rolled**" in row and "**ends**" in row
+    assert "`cluster.node_ami_release_version`: the group is\n  rolled" in text or "**a running job ends**" in text
+
+
 def test_stacks_check_says_a_rolled_group_ends_a_running_job():
     from stacks.check import describe
 
