@@ -180,12 +180,21 @@ class ClusterSection(_Strict):
         json_schema_extra=limit("cfn-lint AWS::EKS::Cluster.Version (1\\.\\d\\d); pinned kubectl layers"),
     )
     endpoint_access: Literal["public", "private", "public_and_private"] = Field(
-        default="public_and_private", description="API server endpoint access."
+        default="private",
+        description="Kubernetes API endpoint: private (only from inside the VPC; the default), public_and_private "
+                    "(also from public_access_cidrs) or public (from the internet: needs endpoint_open_to_internet).",
     )
     public_access_cidrs: list[str] = Field(
-        default_factory=lambda: ["0.0.0.0/0"], min_length=1, max_length=EKS_PUBLIC_ACCESS_CIDRS_MAX,
-        description="IPv4 CIDRs allowed to reach a public endpoint (restrict to your office/VPN), no host bits.",
+        default_factory=list, max_length=EKS_PUBLIC_ACCESS_CIDRS_MAX,
+        description="IPv4 CIDRs allowed to reach a public endpoint (your office, VPN or own address/32), no host "
+                    "bits; required with a public endpoint, empty with a private one. 0.0.0.0/0 needs "
+                    "endpoint_open_to_internet.",
         json_schema_extra=limit("EKS quota: 40 public access CIDRs per cluster; Python ipaddress (strict)"),
+    )
+    endpoint_open_to_internet: bool = Field(
+        default=False,
+        description="true to allow 0.0.0.0/0 in public_access_cidrs (or endpoint_access: public): anyone on the "
+                    "internet can then reach the Kubernetes API endpoint (still behind IAM authentication).",
     )
     admin_role_arn: str | None = Field(
         default=None, max_length=2048,
