@@ -12,7 +12,7 @@ from config import ClusterConfig
 from stacks.cluster import ClusterStack
 from stacks.ec2 import Ec2ClusterStack
 from stacks.helm_addons import CustomResourceServiceTimeout
-from stacks.nag import acknowledge_findings
+from stacks.nag import acknowledge_findings, project_checks
 from stacks.network import NetworkStack
 from stacks.storage import StorageStack
 
@@ -65,5 +65,6 @@ def build(app: cdk.App, config: ClusterConfig, *, nag: bool = False) -> ProjectS
         if stack is not None:
             cdk.Aspects.of(stack).add(CustomResourceServiceTimeout())
     if nag:
-        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+        # AwsSolutions, and the project's own AWS::EKS::Cluster rules (stacks/nag.py), which AwsSolutions lacks.
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), project_checks(app))
     return stacks
