@@ -221,12 +221,63 @@ def test_grafana_sidecar_loads_the_dashboard_configmaps(stack_objects, objects):
     grafana = _kind(stack_objects, "Deployment")[GRAFANA_SERVICE]["spec"]["template"]["spec"]
     sidecar = next(c for c in grafana["containers"] if c["name"] == "grafana-sc-dashboard")
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
-    assert (env["LABEL"], env["LABEL_VALUE"], env["NAMESPACE"]) == (DASHBOARD_LABEL, "1", "ALL")
+    assert (env["LABEL"], env["LABEL_VALUE"], env["NAMESPACE"]) == (DASHBOARD_LABEL, "1", MONITORING_NAMESPACE)
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["namespace"] == MONITORING_NAMESPACE]
     assert sorted(k for m in maps for k in m["data"]) == ["overview.json", "ray-default.json", "ray-train.json"]
     for config_map in maps:
         assert config_map["metadata"]["labels"][DASHBOARD_LABEL] == "1"
         assert len(json.dumps(config_map)) < 1024**2  # a ConfigMap holds at most 1 MiB
+
+
+def _bound_rules(objects: list[dict], service_account: str) -> list[tuple[str, str, dict]]:
+    """(binding kind, namespace, rule) of every RBAC rule bound to `service_account` in the rendered objects."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}
+    found = []
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == service_account
+                   for s in binding.get("subjects", [])):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        role = roles[(ref["kind"], namespace, ref["name"])]
+        found += [(binding["kind"], binding["metadata"].get("namespace"), rule) for rule in role.get("rules", [])]
+    return found
+
+
+def test_grafana_reads_secrets_only_in_its_own_namespace(stack_objects):
+    rules = _bound_rules(stack_objects, GRAFANA_SERVICE)
+    secrets = [(kind, ns) for kind, ns, rule in rules if "secrets" in rule.get("resources", [])]
+    assert secrets == [("RoleBinding", MONITORING_NAMESPACE)]
+    assert not [o["metadata"]["name"] for o in stack_objects if o["kind"] == "ClusterRole" and "grafana" in
+                o["metadata"]["name"]]
+
+
+def test_kube_state_metrics_reads_no_secret(stack_objects):
+    (role,) = [o for o in stack_objects if o["kind"] == "ClusterRole" and "kube-state-metrics" in o["metadata"]["name"]]
+    assert not [r for r in role["rules"] if "secrets" in r.get("resources", [])]
+    assert role["rules"]  # it still reads the other objects
+
+
+def test_every_grafana_datasource_points_at_a_service_the_chart_creates(stack_objects):
+    services = {(o["metadata"]["name"], o["metadata"].get("namespace")) for o in stack_objects
+                if o["kind"] == "Service"}
+    sources = [d for o in stack_objects if o["kind"] == "ConfigMap" and "datasource" in o["metadata"]["name"]
+               for text in o["data"].values() for d in yaml.safe_load(text).get("datasources", [])]
+    assert [d["type"] for d in sources] == ["prometheus"]
+    for source in sources:
+        host = source["url"].split("//", 1)[1].split(":", 1)[0].split("/", 1)[0]
+        name, _, namespace = host.partition(".")
+        assert (name, namespace) in services, source
+
+
+def test_dcgm_exporter_drops_every_capability(config):
+    (spec,) = workloads_of(render(DCGM_EXPORTER, dcgm_exporter_values(config))).values()
+    (container,) = spec["containers"]
+    context = container["securityContext"]
+    # An empty `add` replaces the chart's [SYS_ADMIN] (Helm merges maps but replaces lists).
+    assert context["capabilities"] == {"add": [], "drop": ["ALL"]} and context["allowPrivilegeEscalation"] is False
+    assert not spec.get("hostPID") and not context.get("privileged")
 
 
 def test_dcgm_exporter_only_on_gpu_nodes_reading_the_agents_hostengine(config):
