@@ -60,6 +60,9 @@ class ClusterStack(cdk.Stack):
         super().__init__(scope, id, **kwargs)
         section = config.cluster
         self.kubernetes_version = section.kubernetes_version
+        # The file's explicit choice to open the API endpoint to the internet (stacks/nag.py acknowledges it).
+        self.endpoint_open_to_internet = section.endpoint_open_to_internet and (
+            section.endpoint_access == "public" or "0.0.0.0/0" in section.public_access_cidrs)
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
 
         # Deleted with the stack (not retained): it protects only this cluster's Kubernetes Secrets in etcd, which

@@ -68,6 +68,11 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
                             f"{policy} is one of the three policies EKS documents for managed node group roles; "
                             "pods get their own AWS access through Pod Identity, not through the node role.")
         _acknowledge_kubectl_provider(cluster_stack)
+        if cluster_stack.endpoint_open_to_internet:
+            cdk.Validations.of(cluster).acknowledge(cdk.Acknowledgment(
+                id=f"{PROJECT_PACK}::{PROJECT_PACK}-EKSPublicEndpoint",
+                reason="The variable file opens the API endpoint to the internet on purpose "
+                       "(cluster.endpoint_open_to_internet: true); IAM authentication still guards it."))
         _acknowledge_autoscaling(cluster_stack)
 
         if cluster_stack.node.try_find_child("CloudWatchAgentRole"):

@@ -102,3 +102,21 @@ def test_the_rules_find_the_aws_eks_v2_cluster_by_its_type():
     assert properties["ResourcesVpcConfig"]["EndpointPublicAccess"] is False
     assert [eks_endpoint_problem(properties), eks_logging_problem(properties), eks_secrets_problem(properties)] == \
         [None, None, None]
+
+
+def test_an_endpoint_the_file_opens_on_purpose_is_acknowledged_with_its_reason(tmp_path):
+    from config import load_config
+    from stacks import build
+    from tests.helpers import cdk_app, write_variant
+
+    path = write_variant(tmp_path, {"cluster": {"endpoint_access": "public_and_private",
+                                                "public_access_cidrs": ["0.0.0.0/0"],
+                                                "endpoint_open_to_internet": True}})
+    out = tmp_path / "out"
+    app = cdk_app(outdir=str(out), context={"@aws-cdk/core:validationReportJson": True})
+    build(app, load_config(path), nag=True)
+    app.synth()  # raises on an unacknowledged finding
+    report = json.loads((out / "policy-validation-report.json").read_text())
+    assert not [v for p in report["pluginReports"] for v in p["violations"]]
+    recorded = "".join(path.read_text() for path in out.glob("*.json"))
+    assert "RayEfa-EKSPublicEndpoint" in recorded and "cluster.endpoint_open_to_internet: true" in recorded
