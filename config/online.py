@@ -13,6 +13,8 @@ Without `--online` nothing here runs: `offline_notes` says in one line each what
     account can say);
   - that each capacity reservation exists, is in the GPU AZ and is for the group's instance type
     (EC2 `DescribeCapacityReservations`);
+  - that EKS offers each pinned managed add-on version (MANAGED_ADDON_VERSIONS, config/versions.py) for the
+    cluster's Kubernetes version in the region (EKS `DescribeAddonVersions`); offline they are unconfirmed;
   - with `storage.existing_bucket: true`, that the kept checkpoint bucket exists and its bucket policy still
     holds the TLS-only statement the first deploy wrote (S3 `GetBucketPolicy`; STS `GetCallerIdentity` for the
     account in the derived name): the redeploy declares no policy of its own (stacks/storage.py).
@@ -67,6 +69,8 @@ def offline_notes(config: ClusterConfig) -> list[str]:
               for name, loc in config.job.s3_sources.items()]
     notes.append("AWS quota, instance offering and capacity reservation: not checked (offline; --online checks "
                  "them with AWS credentials)")
+    notes.append(f"EKS add-on versions ({', '.join(f'{n} {v}' for n, v in addon_pins(config).items())}): not "
+                 "confirmed for this region (offline; --online asks EKS DescribeAddonVersions)")
     if config.storage.existing_bucket:
         notes.append("storage.existing_bucket: the kept bucket and its TLS-only policy: not checked (offline; "
                      "--online checks them with AWS credentials)")
@@ -140,6 +144,7 @@ def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:
     _check_s3(config, found, s3)
     if config.storage.existing_bucket:
         check_kept_bucket(config, found, s3, session.client("sts", region_name=config.region, config=cfg))
+    check_addon_versions(config, found, session.client("eks", region_name=config.region, config=cfg))
     ec2 = session.client("ec2", region_name=config.region, config=cfg)
     _check_offerings(config, found, ec2)
     _check_reservations(config, found, ec2)
@@ -163,6 +168,34 @@ def _check_s3(config: ClusterConfig, found: Findings, s3) -> None:
                     f"bucket '{location.bucket}' does not exist; check the s3:// URI")))
             else:
                 found.notes.append(f"job.{name}: bucket '{location.bucket}' not checked ({code})")
+
+
+def addon_pins(config: ClusterConfig) -> dict[str, str]:
+    """The managed add-ons the cluster stack installs for `config`, with their pinned versions."""
+    from config.versions import MANAGED_ADDON_VERSIONS
+
+    pins = dict(MANAGED_ADDON_VERSIONS.get(config.cluster.kubernetes_version, {}))
+    if not config.cluster.cloudwatch_observability:
+        pins.pop("amazon-cloudwatch-observability", None)
+    return pins
+
+
+def check_addon_versions(config: ClusterConfig, found: Findings, eks) -> None:
+    """Every pinned add-on version is one EKS offers for the Kubernetes version in this region; a version it does not
+    list fails `AWS::EKS::Addon` at deploy time, after the cluster was created."""
+    version = config.cluster.kubernetes_version
+    for name, pinned in addon_pins(config).items():
+        try:
+            answer = eks.describe_addon_versions(kubernetesVersion=version, addonName=name)
+        except Exception as exc:  # noqa: BLE001
+            found.notes.append(f"EKS add-on {name} {pinned}: not confirmed ({_error(exc)[0]})")
+            continue
+        offered = [v["addonVersion"] for addon in answer.get("addons", []) for v in addon.get("addonVersions", [])]
+        if pinned not in offered:
+            newest = ", ".join(offered[:3]) or "none"
+            found.problems.append(Problem(path="cluster.kubernetes_version", message=(
+                f"EKS in {config.region} offers no {name} {pinned} for Kubernetes {version} (it lists {newest}); "
+                "pin one it offers in MANAGED_ADDON_VERSIONS (config/versions.py)")))
 
 
 def is_tls_only_statement(statement: dict, bucket: str) -> bool:

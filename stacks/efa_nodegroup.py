@@ -69,6 +69,11 @@ class EfaNodeGroup(Construct):
             "tag_specifications": name_tag(f"{config.cluster.name}-{group.name}"),
         }
         if self.efa_interfaces:
+            # allow_all_outbound=False keeps this group's own rules to what EFA needs (no 0.0.0.0/0 egress rule in
+            # it), but it does not limit the nodes' egress: every interface also carries the cluster security group,
+            # whose egress allows everything, and EC2 evaluates all the groups of an interface together, allowing
+            # what any of them allows (VPC User Guide, "Security groups": "the rules from all the security groups
+            # ... are aggregated"). The nodes reach ECR, S3 and the Hugging Face Hub through that one.
             self.security_group = ec2.SecurityGroup(
                 self, "EfaSecurityGroup", vpc=cluster.vpc, allow_all_outbound=False,
                 description=f"EFA traffic between {group.name} nodes (all traffic to and from itself)")
