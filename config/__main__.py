@@ -53,7 +53,38 @@ def plan(config: ClusterConfig) -> str:
                  f"{', GPU minimum' if any(config.group_min(g) for g in config.cluster.worker_groups) else ''}), "
                  f"while a job runs ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
     lines.append(f"  {observability_line(config)}")
+    lines.append(f"  {endpoint_line(config)}")
+    lines += [f"  {line}" for line in day_two_lines(config)]
     return "\n".join(lines)
+
+
+def endpoint_line(config: ClusterConfig) -> str:
+    """Who can reach the Kubernetes API endpoint (`cluster.endpoint_access`, `public_access_cidrs`)."""
+    section = config.cluster
+    if section.endpoint_access == "private":
+        return "Kubernetes API endpoint: private, reachable only from inside the VPC (closed by default)"
+    who = ("the whole internet (endpoint_open_to_internet: true)" if "0.0.0.0/0" in section.public_access_cidrs
+           else ", ".join(section.public_access_cidrs))
+    private = " and from inside the VPC" if section.endpoint_access == "public_and_private" else ""
+    return f"Kubernetes API endpoint: public to {who}{private}"
+
+
+def day_two_lines(config: ClusterConfig) -> list[str]:
+    """What a later deploy does to the node groups (docs/lifecycle.md; tests/test_lifecycle_templates.py)."""
+    lines = []
+    if config.autoscaling.enabled:
+        new = [g.name for g in config.cluster.worker_groups if not g.deployed]
+        if new:
+            lines.append(f"node groups {', '.join(new)}: deployed: false, so the template sets DesiredSize to the "
+                         "group minimum, which creating a group needs; once the deploy has created them set "
+                         "deployed: true, so that later deploys leave out DesiredSize and keep the Cluster "
+                         "Autoscaler's size (a teardown deletes the groups: set it back to false before a redeploy)")
+        lines.append("min_nodes/max_nodes of a deployed group: only its limits change, running nodes stay (EKS refuses "
+                     "a min_nodes above the group's current size, and the deploy rolls back unchanged)")
+    lines.append("a worker group's instance_type, disk_gib or cluster.node_ami_release_version replaces every node of "
+                 "the group one at a time: a running job ends, so deploy such a change between jobs "
+                 "(python -m stacks.check --against OLD lists what a deploy rolls)")
+    return lines
 
 
 def observability_line(config: ClusterConfig) -> str:
@@ -89,6 +120,15 @@ def warnings(config: ClusterConfig) -> list[str]:
             f"associate-access-policy --cluster-name {config.cluster.name} --principal-arn <your role ARN> "
             "--policy-arn arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy "
             "--access-scope type=cluster (docs/lifecycle.md)")
+    if config.cluster.endpoint_access == "private":
+        out.append(
+            "cluster.endpoint_access is private: the stacks deploy, but kubectl from this machine (every step after "
+            "`cdk deploy`: the manifests, the dashboards, workloads.verify) cannot reach the API. The one edit for "
+            "that: endpoint_access: public_and_private and public_access_cidrs: [<your address>/32] (curl -s "
+            "https://checkip.amazonaws.com); or run kubectl from inside the VPC (docs/security.md)")
+    elif config.cluster.endpoint_open_to_internet and "0.0.0.0/0" in config.cluster.public_access_cidrs:
+        out.append("cluster.endpoint_open_to_internet: the Kubernetes API endpoint answers the whole internet "
+                   "(IAM authentication still applies); narrow public_access_cidrs to your own addresses")
     if not config.ray.image_by_digest and image_tag_moves(config.ray.image):
         # DLC releases carry a moving major.minor tag and one patch-level tag each (aws/deep-learning-containers
         # docs/ray-train/changelog/index.md): only the latter, or a digest, names one build.

@@ -10,7 +10,7 @@ import ipaddress
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from config.base import _Strict, limit
 
@@ -139,6 +139,16 @@ class WorkerGroup(_Strict):
         description="Root volume, GiB (the DLC image is many GB; NVMe takes it where present).",
         json_schema_extra=limit("cfn-lint AWS::EC2::LaunchTemplate Ebs.VolumeSize (gp3); 100: the DLC image"),
     )
+    deployed: bool = Field(
+        default=False,
+        description="true once this group's node group exists (set it after the first successful deploy): with "
+                    "the autoscaler the template then leaves ScalingConfig.DesiredSize out, so a later deploy "
+                    "(a max_nodes or min_nodes change among them) keeps the size the Cluster Autoscaler set; "
+                    "false writes DesiredSize = the group minimum, which creating a node group needs "
+                    "(docs/lifecycle.md).",
+        json_schema_extra=limit("EKS API NodegroupScalingConfig: all or none of the sizes at creation; "
+                                "CloudFormation takes no action when DesiredSize is removed"),
+    )
 
 
 class AutoscalingConfig(_Strict):
@@ -170,12 +180,21 @@ class ClusterSection(_Strict):
         json_schema_extra=limit("cfn-lint AWS::EKS::Cluster.Version (1\\.\\d\\d); pinned kubectl layers"),
     )
     endpoint_access: Literal["public", "private", "public_and_private"] = Field(
-        default="public_and_private", description="API server endpoint access."
+        default="private",
+        description="Kubernetes API endpoint: private (only from inside the VPC; the default), public_and_private "
+                    "(also from public_access_cidrs) or public (from the internet: needs endpoint_open_to_internet).",
     )
     public_access_cidrs: list[str] = Field(
-        default_factory=lambda: ["0.0.0.0/0"], min_length=1, max_length=EKS_PUBLIC_ACCESS_CIDRS_MAX,
-        description="IPv4 CIDRs allowed to reach a public endpoint (restrict to your office/VPN), no host bits.",
+        default_factory=list, max_length=EKS_PUBLIC_ACCESS_CIDRS_MAX,
+        description="IPv4 CIDRs allowed to reach a public endpoint (your office, VPN or own address/32), no host "
+                    "bits; required with a public endpoint, empty with a private one. 0.0.0.0/0 needs "
+                    "endpoint_open_to_internet.",
         json_schema_extra=limit("EKS quota: 40 public access CIDRs per cluster; Python ipaddress (strict)"),
+    )
+    endpoint_open_to_internet: bool = Field(
+        default=False,
+        description="true to allow 0.0.0.0/0 in public_access_cidrs (or endpoint_access: public): anyone on the "
+                    "internet can then reach the Kubernetes API endpoint (still behind IAM authentication).",
     )
     admin_role_arn: str | None = Field(
         default=None, max_length=2048,
@@ -185,6 +204,15 @@ class ClusterSection(_Strict):
     )
     cloudwatch_observability: bool = Field(
         default=False, description="Install the amazon-cloudwatch-observability add-on (GPU and EFA metrics)."
+    )
+    node_ami_release_version: str | None = Field(
+        default=None, pattern=r"^1\.\d+\.\d+-\d{8}$",
+        description="EKS-optimized AL2023 AMI release version of every node group (ReleaseVersion, e.g. "
+                    "1.34.1-20260724; the amazon-eks-ami release notes list them). None: the newest at the group's "
+                    "creation, never changed by a later deploy. Changing it replaces every node of every group "
+                    "(a running job ends).",
+        json_schema_extra=limit("AWS::EKS::Nodegroup ReleaseVersion (an AMI release for the group's Kubernetes "
+                                "version)"),
     )
     system_nodes: SystemNodes = Field(default_factory=SystemNodes, description="System node group.")
     worker_groups: list[WorkerGroup] = Field(
@@ -206,6 +234,14 @@ class ClusterSection(_Strict):
         if not match or int(match.group(1)) < 34:
             raise ValueError("use a current EKS version, 1.34 or later, written like \"1.34\"")
         return value
+
+    @model_validator(mode="after")
+    def _release_matches_version(self) -> ClusterSection:
+        release = self.node_ami_release_version
+        if release is not None and not release.startswith(f"{self.kubernetes_version}."):
+            raise ValueError(f"node_ami_release_version {release} is not a release for Kubernetes "
+                             f"{self.kubernetes_version}; write {self.kubernetes_version}.<patch>-<YYYYMMDD> or null")
+        return self
 
     @field_validator("admin_role_arn")
     @classmethod

@@ -12,7 +12,12 @@ Without `--online` nothing here runs: `offline_notes` says in one line each what
     `LocationType=availability-zone`: AZ names map to different zones in each account, so only the
     account can say);
   - that each capacity reservation exists, is in the GPU AZ and is for the group's instance type
-    (EC2 `DescribeCapacityReservations`).
+    (EC2 `DescribeCapacityReservations`);
+  - that EKS offers each pinned managed add-on version (MANAGED_ADDON_VERSIONS, config/versions.py) for the
+    cluster's Kubernetes version in the region (EKS `DescribeAddonVersions`); offline they are unconfirmed;
+  - with `storage.existing_bucket: true`, that the kept checkpoint bucket exists and its bucket policy still
+    holds the TLS-only statement the first deploy wrote (S3 `GetBucketPolicy`; STS `GetCallerIdentity` for the
+    account in the derived name): the redeploy declares no policy of its own (stacks/storage.py).
 
 A failure of the check itself (no route, a timeout, an API the endpoint does not implement) is a note,
 not a problem: only an answer that the file cannot deploy is a problem.
@@ -64,6 +69,11 @@ def offline_notes(config: ClusterConfig) -> list[str]:
               for name, loc in config.job.s3_sources.items()]
     notes.append("AWS quota, instance offering and capacity reservation: not checked (offline; --online checks "
                  "them with AWS credentials)")
+    notes.append(f"EKS add-on versions ({', '.join(f'{n} {v}' for n, v in addon_pins(config).items())}): not "
+                 "confirmed for this region (offline; --online asks EKS DescribeAddonVersions)")
+    if config.storage.existing_bucket:
+        notes.append("storage.existing_bucket: the kept bucket and its TLS-only policy: not checked (offline; "
+                     "--online checks them with AWS credentials)")
     return notes
 
 
@@ -130,7 +140,11 @@ def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:
         found.notes.append("no AWS credentials: S3 sources, quotas, offerings and reservations not checked")
         return
     cfg = _boto_config()
-    _check_s3(config, found, session.client("s3", config=cfg))
+    s3 = session.client("s3", config=cfg)
+    _check_s3(config, found, s3)
+    if config.storage.existing_bucket:
+        check_kept_bucket(config, found, s3, session.client("sts", region_name=config.region, config=cfg))
+    check_addon_versions(config, found, session.client("eks", region_name=config.region, config=cfg))
     ec2 = session.client("ec2", region_name=config.region, config=cfg)
     _check_offerings(config, found, ec2)
     _check_reservations(config, found, ec2)
@@ -154,6 +168,81 @@ def _check_s3(config: ClusterConfig, found: Findings, s3) -> None:
                     f"bucket '{location.bucket}' does not exist; check the s3:// URI")))
             else:
                 found.notes.append(f"job.{name}: bucket '{location.bucket}' not checked ({code})")
+
+
+def addon_pins(config: ClusterConfig) -> dict[str, str]:
+    """The managed add-ons the cluster stack installs for `config`, with their pinned versions."""
+    from config.versions import MANAGED_ADDON_VERSIONS
+
+    pins = dict(MANAGED_ADDON_VERSIONS.get(config.cluster.kubernetes_version, {}))
+    if not config.cluster.cloudwatch_observability:
+        pins.pop("amazon-cloudwatch-observability", None)
+    return pins
+
+
+def check_addon_versions(config: ClusterConfig, found: Findings, eks) -> None:
+    """Every pinned add-on version is one EKS offers for the Kubernetes version in this region; a version it does not
+    list fails `AWS::EKS::Addon` at deploy time, after the cluster was created."""
+    version = config.cluster.kubernetes_version
+    for name, pinned in addon_pins(config).items():
+        try:
+            answer = eks.describe_addon_versions(kubernetesVersion=version, addonName=name)
+        except Exception as exc:  # noqa: BLE001
+            found.notes.append(f"EKS add-on {name} {pinned}: not confirmed ({_error(exc)[0]})")
+            continue
+        offered = [v["addonVersion"] for addon in answer.get("addons", []) for v in addon.get("addonVersions", [])]
+        if pinned not in offered:
+            newest = ", ".join(offered[:3]) or "none"
+            found.problems.append(Problem(path="cluster.kubernetes_version", message=(
+                f"EKS in {config.region} offers no {name} {pinned} for Kubernetes {version} (it lists {newest}); "
+                "pin one it offers in MANAGED_ADDON_VERSIONS (config/versions.py)")))
+
+
+def is_tls_only_statement(statement: dict, bucket: str) -> bool:
+    """The statement `s3.Bucket(enforce_ssl=True)` writes (aws-cdk-lib aws-s3 bucket.js `enforceSSLStatement`):
+    Deny every action to every principal when `aws:SecureTransport` is false, on the bucket and its objects."""
+    def listed(value, wanted: str) -> bool:
+        return value == wanted or (isinstance(value, list) and wanted in value)
+
+    principal = statement.get("Principal")
+    condition = statement.get("Condition", {}).get("Bool", {}).get("aws:SecureTransport")
+    arn = f"arn:aws:s3:::{bucket}"
+    resources = statement.get("Resource")
+    resources = resources if isinstance(resources, list) else [resources]
+    return (statement.get("Effect") == "Deny" and (principal == "*" or listed((principal or {}).get("AWS"), "*"))
+            and listed(statement.get("Action"), "s3:*") and str(condition).lower() == "false"
+            and any(str(r).endswith(arn) for r in resources) and any(str(r).endswith(f"{arn}/*") for r in resources))
+
+
+def check_kept_bucket(config: ClusterConfig, found: Findings, s3, sts) -> None:
+    """`storage.existing_bucket: true`: the bucket exists and still refuses plain HTTP (its retained policy)."""
+    import json
+
+    path = "storage.existing_bucket"
+    try:
+        bucket = config.storage.bucket_name or config.bucket_name(sts.get_caller_identity()["Account"])
+        policy = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
+    except Exception as exc:  # noqa: BLE001
+        code, _ = _error(exc)
+        if code in ("NoSuchBucket", "404"):
+            found.problems.append(Problem(path=path, message=(
+                f"true, but bucket '{bucket}' does not exist in this account; set existing_bucket: false so the "
+                "storage stack creates it")))
+        elif code == "NoSuchBucketPolicy":
+            found.problems.append(Problem(path=path, message=(
+                f"bucket '{bucket}' has no bucket policy, so it accepts plain HTTP: the TLS-only policy the first "
+                "deploy kept is gone. Put it back (docs/lifecycle.md, 'Teardown and the next deploy') before "
+                "deploying")))
+        else:
+            found.notes.append(f"{path}: the kept bucket's policy not checked ({code})")
+        return
+    statements = policy.get("Statement", [])
+    statements = statements if isinstance(statements, list) else [statements]
+    if not any(is_tls_only_statement(statement, bucket) for statement in statements):
+        found.problems.append(Problem(path=path, message=(
+            f"the policy of bucket '{bucket}' has no TLS-only statement (Deny s3:* to every principal when "
+            "aws:SecureTransport is false, on the bucket and its objects), so it accepts plain HTTP; put it back "
+            "(docs/lifecycle.md, 'Teardown and the next deploy') before deploying")))
 
 
 def _check_offerings(config: ClusterConfig, found: Findings, ec2) -> None:

@@ -85,11 +85,7 @@ class RulesMixin:
                     f"{self.region}' is {derived} characters, over S3's {S3_BUCKET_NAME_MAX}; shorten cluster.name "
                     f"to at most {longest} characters or set storage.bucket_name")
 
-        if self.cluster.endpoint_access == "public" and self.cluster.public_access_cidrs != ["0.0.0.0/0"]:
-            # A public-only endpoint cannot be narrowed: the kubectl provider that installs the Helm
-            # charts runs outside the VPC and would be locked out.
-            add("cluster.public_access_cidrs", "a public-only endpoint cannot be restricted to CIDRs; use "
-                "endpoint_access: public_and_private (the installer reaches the API privately)")
+        problems.extend(self._endpoint_problems())
 
         system = self.cluster.system_nodes
         system_type = catalog.get(system.instance_type)
@@ -187,6 +183,35 @@ class RulesMixin:
         return [Problem(path="cluster.kubernetes_version", message=(
             f"no kubectl layer for Kubernetes {self.cluster.kubernetes_version} is installed; pin {package} in "
             f"requirements.txt and run `make setup`, or use a version whose layer is installed"))]
+
+    def _endpoint_problems(self) -> list[Problem]:
+        """Closed by default: the API endpoint is private unless the file names who may reach it, and the whole
+        internet only with `endpoint_open_to_internet` (docs/security.md)."""
+        section, path = self.cluster, "cluster.public_access_cidrs"
+        cidrs = section.public_access_cidrs
+        anywhere = [c for c in cidrs if c.endswith("/0")]
+        if section.endpoint_access == "private":
+            if cidrs:
+                return [Problem(path=path, message=(
+                    "endpoint_access is private, so no CIDR can reach the API from outside the VPC; remove them, or "
+                    "set endpoint_access: public_and_private to let them in"))]
+            return []
+        if not cidrs:
+            return [Problem(path=path, message=(
+                f"endpoint_access: {section.endpoint_access} with no CIDRs; name who may reach the Kubernetes API, "
+                "e.g. public_access_cidrs: [203.0.113.7/32] (your address: curl -s https://checkip.amazonaws.com), "
+                "or set endpoint_access: private"))]
+        if section.endpoint_access == "public" and cidrs != ["0.0.0.0/0"]:
+            # A public-only endpoint cannot be narrowed: the kubectl provider that installs the Helm
+            # charts runs outside the VPC and would be locked out.
+            return [Problem(path=path, message=(
+                "a public-only endpoint cannot be restricted to CIDRs; use endpoint_access: public_and_private "
+                "(the installer reaches the API privately)"))]
+        if anywhere and not section.endpoint_open_to_internet:
+            return [Problem(path=path, message=(
+                f"{anywhere[0]} opens the Kubernetes API endpoint to the whole internet; list your own CIDRs "
+                "(e.g. 203.0.113.7/32), or set cluster.endpoint_open_to_internet: true to accept that"))]
+        return []
 
     def _autoscaler_problems(self) -> list[Problem]:
         """The Cluster Autoscaler chart is pinned per Kubernetes minor in config/versions.py (the stacks install

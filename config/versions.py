@@ -66,3 +66,37 @@ def _image_ray_version(image: str) -> str | None:
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+# EKS managed add-on versions, per Kubernetes minor. Unpinned, EKS installs its default build at deploy time,
+# so what the tests validate (the node monitoring agent's configuration schema) need not be what runs. Each
+# version is one that AWS documents for that minor:
+#   vpc-cni: EKS user guide "Assign IPs to Pods with the Amazon VPC CNI", table "Amazon VPC CNI versions", row
+#     1.34 (https://docs.amazonaws.cn/eks/latest/userguide/pod-networking.html; the docs.aws.amazon.com copy in the
+#     store predates 1.34).
+#   kube-proxy: EKS user guide "Manage kube-proxy in Amazon EKS clusters", table "kube-proxy versions", row 1.34
+#     (https://docs.aws.amazon.com/eks/latest/userguide/managing-kube-proxy.html).
+#   coredns: EKS user guide "Manage CoreDNS for DNS in Amazon EKS clusters", table "CoreDNS versions", row 1.34
+#     (https://docs.aws.amazon.com/eks/latest/userguide/managing-coredns.html).
+#   eks-pod-identity-agent: the user guide keeps no per-version table; v1.3.10-eksbuild.1 is the build an EKS
+#     maintainer names as "set to default version in all regions" (aws/containers-roadmap#2684, 2025-11-24).
+#   eks-node-monitoring-agent: v1.7.0-eksbuild.1, the image tag of chart 1.7.0 (aws/eks-node-monitoring-agent
+#     tag v1.7.0, charts/eks-node-monitoring-agent/values.yaml `nodeAgent.image.tag`), whose configuration schema
+#     (charts/configuration.schema.json at that tag) the tests validate the add-on's values against.
+#   amazon-cloudwatch-observability: no per-version table either; v4.10.3-eksbuild.1 is the build AWS's own
+#     sample pins (aws-observability/application-signals-demo#334, 2026-04-07) after v5.3.0 dropped a ClusterRole
+#     rule the agent's EKS resource detector needs (aws-observability/helm-charts#287).
+# `aws eks describe-addon-versions --kubernetes-version 1.34 --addon-name NAME` lists what a region offers, and
+# `python -m config check --online` asks it for every pin the file uses (config/online.py); offline they are
+# unconfirmed. A new
+# Kubernetes minor needs its line here: the kubectl layer rule in `python -m config check` refuses a minor with
+# no layer installed, and tests/test_addon_versions.py checks that every installed layer's minor has a line.
+MANAGED_ADDON_VERSIONS: dict[str, dict[str, str]] = {
+    "1.34": {
+        "vpc-cni": "v1.20.4-eksbuild.1",
+        "kube-proxy": "v1.34.1-eksbuild.2",
+        "coredns": "v1.12.4-eksbuild.1",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+        "amazon-cloudwatch-observability": "v4.10.3-eksbuild.1",
+    },
+}

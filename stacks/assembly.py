@@ -11,7 +11,8 @@ from cdk_nag import AwsSolutionsChecks
 from config import ClusterConfig
 from stacks.cluster import ClusterStack
 from stacks.ec2 import Ec2ClusterStack
-from stacks.nag import acknowledge_findings
+from stacks.helm_addons import CustomResourceServiceTimeout
+from stacks.nag import acknowledge_findings, project_checks
 from stacks.network import NetworkStack
 from stacks.storage import StorageStack
 
@@ -60,6 +61,10 @@ def build(app: cdk.App, config: ClusterConfig, *, nag: bool = False) -> ProjectS
                                description=f"{config.cluster.name}: checkpoint bucket and Ray Pod Identity")
         stacks = ProjectStacks(network=network, cluster=cluster, storage=storage)
         acknowledge_findings(network=network, cluster_stack=cluster, storage=storage)
+    for stack in (network, stacks.cluster, storage, stacks.ec2):
+        if stack is not None:
+            cdk.Aspects.of(stack).add(CustomResourceServiceTimeout())
     if nag:
-        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+        # AwsSolutions, and the project's own AWS::EKS::Cluster rules (stacks/nag.py), which AwsSolutions lacks.
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app), project_checks(app))
     return stacks

@@ -17,16 +17,36 @@ from config.__main__ import check
 from config.cli import add_file_argument, chosen_file
 
 
+# What each node group class (stacks/lifecycle.py) does to a job running on the group.
+NODEGROUP_EFFECT = {
+    "rolled": "EKS replaces every node of the group, one at a time (UpdateStrategy MINIMAL): a running job ends "
+              "(its Ray workers go with their nodes); deploy between jobs",
+    "replaced": "a new node group is created and the old one deleted with its nodes: a running job ends",
+    "deleted": "the group and its nodes are deleted: a running job ends",
+    "scaled": "only MinSize/MaxSize change; the Cluster Autoscaler's current size stays (no DesiredSize in the "
+              "template), running nodes stay",
+    "updated": "an in-place change (labels, taints or tags); no node is replaced",
+}
+
+
+def describe(step) -> list[str]:
+    """One line per node group that is not unchanged, with what it does to a running job."""
+    return [f"node group {stack}/{logical}: {cls}: {NODEGROUP_EFFECT[cls]}"
+            for (stack, logical), cls in sorted(step.nodegroups.items()) if cls in NODEGROUP_EFFECT]
+
+
 def against(config: ClusterConfig, old: str) -> str:
     """What deploying `config` over `old` (a variable file or a cdk.out directory) replaces, deletes or rolls."""
     from stacks.replacements import compare, key_changes  # starts jsii: not for --help or a bad file
 
     path = Path(old)
     previous = path if path.is_dir() else load_or_exit(path)
-    found = compare(previous, config)
+    found, step = compare(previous, config, with_step=True)
+    groups = [f"  {line}" for line in describe(step)]
     if not found:
-        return f"against {old}: replaces nothing (no create-only property changes, no resource leaves)"
-    lines = [f"against {old}:", *(f"  {c.line()}" for c in found)]
+        return "\n".join([f"against {old}: replaces nothing (no create-only property changes, no resource leaves)",
+                          *groups])
+    lines = [f"against {old}:", *(f"  {c.line()}" for c in found), *groups]
     if key_changes(found):
         lines.append("warning: this edit REPLACES OR DELETES the cluster, a node group or the bucket: "
                      + ", ".join(f"{c.stack}/{c.logical_id}" for c in key_changes(found)))

@@ -60,9 +60,17 @@ class ClusterStack(cdk.Stack):
         super().__init__(scope, id, **kwargs)
         section = config.cluster
         self.kubernetes_version = section.kubernetes_version
+        # The file's explicit choice to open the API endpoint to the internet (stacks/nag.py acknowledges it).
+        self.endpoint_open_to_internet = section.endpoint_open_to_internet and (
+            section.endpoint_access == "public" or "0.0.0.0/0" in section.public_access_cidrs)
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
 
+        # Deleted with the stack (not retained): it protects only this cluster's Kubernetes Secrets in etcd, which
+        # go with the cluster. KMS never deletes a key at once; `cdk destroy` schedules it for deletion after the
+        # shortest waiting period (KMS ScheduleKeyDeletion: 7 to 30 days), during which it can be cancelled.
+        # A retained key (CDK's default for kms.Key) outlived every teardown.
         secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True,
+                              removal_policy=cdk.RemovalPolicy.DESTROY, pending_window=cdk.Duration.days(7),
                               description=f"Envelope encryption of Kubernetes secrets in {section.name}")
         self.cluster = eks.Cluster(
             self,
@@ -109,6 +117,7 @@ class ClusterStack(cdk.Stack):
             "System",
             instance_types=[ec2.InstanceType(system.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            release_version=section.node_ami_release_version,
             # Its own launch template (not EKS's default one) to pin IMDS and encrypt the root disk.
             launch_template_spec=eks.LaunchTemplateSpec(id=system_template.ref,
                                                         version=system_template.attr_latest_version_number),

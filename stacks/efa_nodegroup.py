@@ -69,6 +69,11 @@ class EfaNodeGroup(Construct):
             "tag_specifications": name_tag(f"{config.cluster.name}-{group.name}"),
         }
         if self.efa_interfaces:
+            # allow_all_outbound=False keeps this group's own rules to what EFA needs (no 0.0.0.0/0 egress rule in
+            # it), but it does not limit the nodes' egress: every interface also carries the cluster security group,
+            # whose egress allows everything, and EC2 evaluates all the groups of an interface together, allowing
+            # what any of them allows (VPC User Guide, "Security groups": "the rules from all the security groups
+            # ... are aggregated"). The nodes reach ECR, S3 and the Hugging Face Hub through that one.
             self.security_group = ec2.SecurityGroup(
                 self, "EfaSecurityGroup", vpc=cluster.vpc, allow_all_outbound=False,
                 description=f"EFA traffic between {group.name} nodes (all traffic to and from itself)")
@@ -102,6 +107,8 @@ class EfaNodeGroup(Construct):
             # Set explicitly: with a launch template EKS cannot infer it, and the AL2 GPU AMI the
             # L2 would otherwise pick has no EFA-ready AL2023 nodeadm.
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            # None: EKS picks the newest AMI release at creation and no later deploy changes it.
+            release_version=config.cluster.node_ami_release_version,
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref, version=self.launch_template.attr_latest_version_number),
             capacity_type=_CAPACITY[group.capacity],
@@ -128,3 +135,13 @@ class EfaNodeGroup(Construct):
         # aws_eks_v2's Nodegroup has no property for the strategy, hence the override.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
+        if config.autoscaling.enabled and group.deployed:
+            # The Cluster Autoscaler owns the size of an existing group. EKS resizes a group to DesiredSize
+            # whenever that property changes, terminating nodes if it is below the running count, and "when
+            # using CloudFormation, no action occurs if you remove this parameter from your CFN template" (EKS API
+            # Reference, NodegroupScalingConfig.desiredSize; the same text in the CloudFormation template reference,
+            # AWS::EKS::Nodegroup ScalingConfig). aws_eks_v2's Nodegroup always writes it (desiredSize ?? minSize),
+            # hence the escape hatch. Creating a group needs it ("When creating a node group, you must specify all
+            # or none of the properties", same page), so a group not yet deployed (`deployed: false`) keeps it,
+            # at the group minimum; tests/test_lifecycle_templates.py checks both templates.
+            cfn.add_property_deletion_override("ScalingConfig.DesiredSize")

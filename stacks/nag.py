@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import jsii
+
 import aws_cdk as cdk
 from constructs import IConstruct
 
@@ -66,6 +68,11 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
                             f"{policy} is one of the three policies EKS documents for managed node group roles; "
                             "pods get their own AWS access through Pod Identity, not through the node role.")
         _acknowledge_kubectl_provider(cluster_stack)
+        if cluster_stack.endpoint_open_to_internet:
+            cdk.Validations.of(cluster).acknowledge(cdk.Acknowledgment(
+                id=f"{PROJECT_PACK}::{PROJECT_PACK}-EKSPublicEndpoint",
+                reason="The variable file opens the API endpoint to the internet on purpose "
+                       "(cluster.endpoint_open_to_internet: true); IAM authentication still guards it."))
         _acknowledge_autoscaling(cluster_stack)
 
         if cluster_stack.node.try_find_child("CloudWatchAgentRole"):
@@ -81,11 +88,6 @@ def acknowledge_findings(*, network: NetworkStack, cluster_stack: ClusterStack |
         bucket_arn = f"<{_logical_id(storage.bucket)}.Arn>"
     else:
         bucket_arn = f"arn:{finding_partition(storage)}:s3:::{storage.bucket_name_for_findings}"
-        acknowledge(storage.existing_bucket_policy, "AwsSolutions-S10",
-                    "The policy holds the TLS-only statement s3.Bucket(enforce_ssl=True) writes (Deny s3:* to every "
-                    "principal without aws:SecureTransport, on the bucket and its objects; tests/test_lifecycle.py); "
-                    "cdk-nag's S3BucketSSLRequestsOnly (3.0.2) matches the policy's Resource against the bucket's "
-                    "resolved name and cannot for a name built with the account token.")
     checkov_skip(network.flow_logs, "CKV_AWS_158",
                  "Rejected-flow records only (addresses and ports, no payload), encrypted at rest by CloudWatch "
                  "Logs; a customer-managed key would add cost and a key policy for metadata of this VPC.")
@@ -179,3 +181,105 @@ def _acknowledge_kubectl_provider(cluster_stack: ClusterStack) -> None:
     acknowledge(handler, "AwsSolutions-L1",
                 "CDK picks the handler's Python runtime (the newest it knows for the region) and the kubectl "
                 "layer pins the tools; bumping aws-cdk-lib moves it forward.")
+
+
+# ---- the project's own rules for AWS::EKS::Cluster -------------------------------------------------------------
+# cdk-nag's AwsSolutions-EKS1 (public endpoint) and EKS2 (control-plane logging) look only at the custom resource the
+# old aws_eks module deploys (`Custom::AWSCDK-EKS-Cluster`), so they never see the `AWS::EKS::Cluster` that
+# aws_eks_v2 writes; and no AwsSolutions rule checks secrets encryption. These match the CloudFormation type itself,
+# read the properties as the template will carry them, and run wherever AwsSolutionsChecks runs (`cdk synth -c
+# nag=true`, and every synthesis in the tests: tests/stack_synth.py).
+
+# EKS's control-plane log types (AWS::EKS::Cluster Logging.ClusterLogging.EnabledTypes[].Type; the CloudFormation
+# template reference lists api, audit, authenticator, controllerManager, scheduler).
+EKS_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+
+
+def eks_endpoint_problem(properties: dict) -> str | None:
+    """A public endpoint open to every address. EKS's defaults when the template says nothing: public access on,
+    PublicAccessCidrs 0.0.0.0/0 (EKS API Reference, VpcConfigRequest: endpointPublicAccess "default value is true",
+    publicAccessCidrs "default value is 0.0.0.0/0")."""
+    vpc = properties.get("ResourcesVpcConfig", {})
+    if vpc.get("EndpointPublicAccess", True) is False:
+        return None
+    cidrs = vpc.get("PublicAccessCidrs") or ["0.0.0.0/0"]
+    if any(str(c).endswith("/0") for c in cidrs):
+        return "the public API endpoint accepts every address (PublicAccessCidrs 0.0.0.0/0 or unset)"
+    return None
+
+
+def eks_logging_problem(properties: dict) -> str | None:
+    """Every control-plane log type enabled."""
+    types = properties.get("Logging", {}).get("ClusterLogging", {}).get("EnabledTypes", [])
+    missing = [t for t in EKS_LOG_TYPES if t not in {entry.get("Type") for entry in types if isinstance(entry, dict)}]
+    return f"control-plane log types not enabled: {', '.join(missing)}" if missing else None
+
+
+def eks_secrets_problem(properties: dict) -> str | None:
+    """Kubernetes Secrets envelope-encrypted with a KMS key (EncryptionConfig with Resources [secrets])."""
+    for entry in properties.get("EncryptionConfig", []) or []:
+        if "secrets" in (entry.get("Resources") or []) and (entry.get("Provider") or {}).get("KeyArn"):
+            return None
+    return "Kubernetes Secrets are not envelope-encrypted with a KMS key (no EncryptionConfig for secrets)"
+
+
+CLUSTER_RULES = {
+    "EKSPublicEndpoint": (eks_endpoint_problem, "The EKS API endpoint is open to the internet.",
+                          "Set cluster.endpoint_access: private, or public_and_private with public_access_cidrs "
+                          "naming your addresses."),
+    "EKSControlPlaneLogging": (eks_logging_problem, "EKS control-plane logging is incomplete.",
+                               "Enable api, audit, authenticator, controllerManager and scheduler logs."),
+    "EKSSecretsEncryption": (eks_secrets_problem, "EKS Secrets are not encrypted with a KMS key.",
+                             "Set EncryptionConfig with Resources [secrets] and a KMS key."),
+}
+PROJECT_PACK = "RayEfa"
+
+
+def cluster_properties(node: cdk.CfnResource) -> dict:
+    """The resource's properties as CloudFormation names them, resolved (L1 attributes; not raw overrides)."""
+    return cdk.Stack.of(node).resolve(node._render_properties(node._cfn_properties))
+
+
+def _make_rule(node: cdk.CfnResource, name: str):
+    """cdk-nag's IApplyRule for rule `name` on `node` (jsii reads its members as properties)."""
+    from cdk_nag import IApplyRule, NagMessageLevel, NagRuleCompliance
+
+    check, info, explanation = CLUSTER_RULES[name]
+
+    @jsii.implements(IApplyRule)
+    class Rule:
+        node = property(lambda self: node)
+        info = property(lambda self: info)
+        explanation = property(lambda self: explanation)
+        level = property(lambda self: NagMessageLevel.ERROR)
+        rule_suffix_override = property(lambda self: name)
+
+        def rule(self, target: cdk.CfnResource):
+            if target.cfn_resource_type != "AWS::EKS::Cluster":
+                return NagRuleCompliance.NOT_APPLICABLE
+            problem = check(cluster_properties(target))
+            return NagRuleCompliance.NON_COMPLIANT if problem else NagRuleCompliance.COMPLIANT
+
+    return Rule()
+
+
+def project_checks(scope: IConstruct):
+    """The project's NagPack ("RayEfa"): the three AWS::EKS::Cluster rules above."""
+    from cdk_nag import NagPack
+
+    class ProjectChecks(NagPack):
+        def __init__(self, scope):
+            super().__init__(scope)
+            self._pack_name = PROJECT_PACK
+
+        @property
+        def name(self) -> str:
+            return PROJECT_PACK
+
+        def _check_resource(self, node: cdk.CfnResource) -> None:
+            if node.cfn_resource_type != "AWS::EKS::Cluster":
+                return
+            for name in CLUSTER_RULES:
+                self._apply_rule(_make_rule(node, name))
+
+    return ProjectChecks(scope)

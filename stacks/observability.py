@@ -23,6 +23,7 @@ from config.observability import (
     EFA_SIDECAR_REQUESTS,
     EFA_TEXTFILE_DIR,
     GRAFANA_SERVICE,
+    MONITORING_NAMESPACE,
     PROMETHEUS_NAME,
     STACK_FULLNAME,
     STACK_REQUESTS,
@@ -88,11 +89,27 @@ def kube_prometheus_stack_values(config: ClusterConfig) -> dict:
             "fullnameOverride": GRAFANA_SERVICE,
             "nodeSelector": system,
             "resources": _requests("grafana"),
-            # The dashboards sidecar loads every ConfigMap labelled grafana_dashboard=1, in any namespace.
-            "sidecar": {"dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1",
-                                       "searchNamespace": "ALL"}},
+            # Namespaced RBAC: a Role and RoleBinding in the monitoring namespace instead of the chart's default
+            # ClusterRole, which lets Grafana's sidecars get, watch and list ConfigMaps and Secrets in every
+            # namespace (grafana chart 12.11.1 templates/clusterrole.yaml, `rbac.namespaced: false`), the Ray
+            # token Secrets among them. The sidecars then read only their own namespace, where the dashboards'
+            # ConfigMaps are (charts/dashboards.py) and the chart's own datasource ConfigMap is.
+            "rbac": {"namespaced": True},
+            "sidecar": {
+                # The dashboards sidecar loads every ConfigMap labelled grafana_dashboard=1 in its namespace.
+                "dashboards": {"enabled": True, "label": DASHBOARD_LABEL, "labelValue": "1",
+                               "searchNamespace": MONITORING_NAMESPACE},
+                # No Alertmanager runs (above): without this the chart still adds an Alertmanager datasource
+                # pointing at a Service that does not exist (templates/grafana/configmaps-datasources.yaml,
+                # `grafana.sidecar.datasources.alertmanager.enabled`, default true).
+                "datasources": {"alertmanager": {"enabled": False}},
+            },
         },
-        "kube-state-metrics": {"nodeSelector": system, "resources": _requests("kube-state-metrics")},
+        # Without its secrets collector: kube-state-metrics would otherwise list and watch every Secret in the
+        # cluster (its ClusterRole, kube-state-metrics chart 8.4.0 templates/role.yaml, one rule per collector) to
+        # export kube_secret_* series no dashboard here uses (`collectorsExclude`, values.yaml).
+        "kube-state-metrics": {"nodeSelector": system, "resources": _requests("kube-state-metrics"),
+                               "collectorsExclude": ["secrets"]},
         "prometheus-node-exporter": {
             "tolerations": [GPU_TAINT.toleration(), {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "prometheus": {"monitor": {"interval": interval}},
@@ -154,6 +171,15 @@ def dcgm_exporter_values(config: ClusterConfig) -> dict:
         ],
         # The chart's ServiceMonitor; kube-prometheus-stack's Prometheus selects every ServiceMonitor.
         "serviceMonitor": {"enabled": True, "interval": f"{config.observability.scrape_interval_s}s"},
+        # Least privilege beside a remote host engine. The chart's default adds SYS_ADMIN "for profiling metrics
+        # (DCGM_FI_PROF_*)" (values.yaml `securityContext`): the process that reads the GPUs' profiling counters
+        # needs it, and here that is the node monitoring agent's nv-hostengine, not this exporter, which only asks
+        # it over TCP (-r). So every capability is dropped. It stays user 0: it maps GPUs to pods through the
+        # kubelet's pod-resources socket (the chart's hostPath /var/lib/kubelet/pod-resources), a root-owned Unix
+        # socket that only root may connect to. Whether the DCGM_FI_PROF_* series still arrive this way, and with
+        # pod labels, only a GPU node can show: docs/observability.md, "To check on a GPU".
+        "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "capabilities": {"add": [], "drop": ["ALL"]},
+                            "allowPrivilegeEscalation": False},
     }
 
 

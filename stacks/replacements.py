@@ -188,12 +188,16 @@ def read_cdk_out(directory: Path, config: ClusterConfig) -> Templates:
     return out
 
 
-def compare(old: ClusterConfig | Path, new: ClusterConfig) -> list[Change]:
-    """Changes from `old` (a loaded variable file, or a cdk.out directory) to `new`."""
+def compare(old: ClusterConfig | Path, new: ClusterConfig, *, with_step: bool = False):
+    """Changes from `old` (a loaded variable file, or a cdk.out directory) to `new`; with `with_step`, also every
+    resource's and node group's classification (`stacks.lifecycle.classify`)."""
+    from stacks.lifecycle import classify
+
     with tempfile.TemporaryDirectory(prefix="config-against-") as tmp:
         after = synthesize(new, Path(tmp) / "new")
         before = read_cdk_out(old, new) if isinstance(old, Path) else synthesize(old, Path(tmp) / "old")
-    return changes(before, after, region=new.region)
+    found = changes(before, after, region=new.region)
+    return (found, classify(before, after, region=new.region)) if with_step else found
 
 
 def key_changes(found: list[Change]) -> list[Change]:

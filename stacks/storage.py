@@ -66,7 +66,6 @@ class StorageStack(cdk.Stack):
         storage = config.storage
         self.prefix = storage.prefix
         destroy = storage.removal_policy == "destroy"
-        self.existing_bucket_policy: s3.BucketPolicy | None = None
         # The name as cdk-nag prints it in a finding's resource (tokens as <AWS::AccountId>).
         self.bucket_name_for_findings = config.bucket_name("<AWS::AccountId>")
         if storage.existing_bucket:
@@ -135,15 +134,14 @@ class StorageStack(cdk.Stack):
         return bucket
 
     def _existing_bucket(self, name: str) -> s3.IBucket:
-        """A bucket kept by an earlier teardown, used by name: its encryption, versioning, public-access block
-        and lifecycle rules stay as that deploy set them; the TLS-only policy is (re)applied here."""
-        bucket = s3.Bucket.from_bucket_name(self, "CheckpointBucket", name)
-        policy = s3.BucketPolicy(self, "ExistingBucketPolicy", bucket=bucket,
-                                 removal_policy=cdk.RemovalPolicy.RETAIN)
-        # The statement s3.Bucket(enforce_ssl=True) writes.
-        policy.document.add_statements(iam.PolicyStatement(
-            effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=["s3:*"],
-            resources=[bucket.bucket_arn, bucket.arn_for_objects("*")],
-            conditions={"Bool": {"aws:SecureTransport": "false"}}))
-        self.existing_bucket_policy = policy
-        return bucket
+        """A bucket kept by an earlier teardown, used by name: its encryption, versioning, public-access block,
+        lifecycle rules and TLS-only bucket policy stay as that deploy set them.
+
+        No AWS::S3::BucketPolicy here: the first deploy's policy is retained with the bucket (`_new_bucket`), and a
+        bucket has one policy, which CloudFormation creates with PutBucketPolicy only after checking there is none
+        (the stack rolls back with "Bucket Policy Already Exists"). AWS::S3::BucketPolicy's primary identifier is
+        its `Bucket` (cfn-lint's provider schema, `primaryIdentifier: ["/properties/Bucket"]`), so a second one
+        for the same bucket is a second resource with the same identity. `python -m config check --online` reads
+        the kept policy and refuses the file if its TLS-only statement is gone (config/online.py).
+        """
+        return s3.Bucket.from_bucket_name(self, "CheckpointBucket", name)

@@ -42,6 +42,7 @@ ALT = {
     "autoscaling": {"enabled": False},
     "network": {"nat_gateways": 2, "max_azs": 3},
     "cluster": {
+        "endpoint_access": "public_and_private",
         "public_access_cidrs": PUBLIC_CIDRS,
         "admin_role_arn": ADMIN_ROLE,
         "cloudwatch_observability": True,

@@ -204,7 +204,6 @@ def test_pip_requirements_are_packagings(requirement: str, valid: bool):
 @pytest.mark.parametrize(("path", "value"), [
     ("cluster.public_access_cidrs", ["10.0.0.1/24"]),
     ("cluster.public_access_cidrs", ["not-a-cidr"]),
-    ("cluster.public_access_cidrs", []),
     ("network.vpc_cidr", "224.0.0.0/16"),
     ("job.model", ""),
     ("job.dataset", " "),

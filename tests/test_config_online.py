@@ -166,3 +166,140 @@ def test_online_check_names_the_token_field_for_a_gated_model(tmp_path):
         result = _run(["config", "check", str(path), "--online"], env)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{path}: job.hf_token_secret: " in result.stderr and "Traceback" not in result.stderr
+
+
+# ---- storage.existing_bucket: the kept bucket's TLS-only policy (the redeploy declares none) -------------------
+
+KEPT = "kept-ckpt-bucket"
+
+
+def _tls_only(bucket: str) -> dict:
+    """The policy the first deploy wrote and kept (s3.Bucket(enforce_ssl=True)'s statement, as S3 returns it)."""
+    arn = f"arn:aws:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:*", "Resource": [arn, f"{arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+
+
+@pytest.fixture(scope="module")
+def kept_reader(moto_server, reader):  # reader: the online-models bucket the job reads
+    # moto 5.2.5 authorizes GetBucketPolicy as s3:GetBucketPolicy (moto/s3/responses.py ACTION_MAP).
+    keys = moto_server.create_user("config-check-kept", only_policy([*READ_ACTIONS, "s3:GetBucketPolicy"]))
+    moto_server.create_bucket(KEPT)
+    return keys
+
+
+def _kept_variant(tmp_path, bucket: str):
+    return write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1a",
+                                    "storage": {"existing_bucket": True, "bucket_name": bucket}})
+
+
+def test_online_check_accepts_a_kept_bucket_that_is_still_tls_only(tmp_path, moto_server, kept_reader):
+    moto_server.client("s3").put_bucket_policy(Bucket=KEPT, Policy=json.dumps(_tls_only(KEPT)))
+    result = _run(["config", "check", str(_kept_variant(tmp_path, KEPT)), "--online"],
+                  _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "storage.existing_bucket" not in result.stderr
+
+
+def test_online_check_refuses_a_kept_bucket_whose_policy_is_gone(tmp_path, moto_server, kept_reader):
+    moto_server.client("s3").delete_bucket_policy(Bucket=KEPT)
+    path = _kept_variant(tmp_path, KEPT)
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"{path}: storage.existing_bucket: bucket '{KEPT}' has no bucket policy, so it accepts plain HTTP" \
+        in result.stderr
+
+
+def test_online_check_refuses_a_kept_policy_without_the_tls_rule(tmp_path, moto_server, kept_reader):
+    policy = _tls_only(KEPT)
+    policy["Statement"][0]["Condition"] = {"Bool": {"aws:SecureTransport": "true"}}  # the rule turned around
+    moto_server.client("s3").put_bucket_policy(Bucket=KEPT, Policy=json.dumps(policy))
+    path = _kept_variant(tmp_path, KEPT)
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"storage.existing_bucket: the policy of bucket '{KEPT}' has no TLS-only statement" in result.stderr
+
+
+def test_online_check_refuses_existing_bucket_when_there_is_none(tmp_path, moto_server, kept_reader):
+    path = _kept_variant(tmp_path, "never-kept-bucket")
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, kept_reader, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert "storage.existing_bucket: true, but bucket 'never-kept-bucket' does not exist" in result.stderr
+
+
+# ---- EKS add-on versions: DescribeAddonVersions, answered by a loopback endpoint in EKS's REST-JSON shape ---------
+
+class _Eks(BaseHTTPRequestHandler):
+    """GET /addons/supported-versions?addonName=...&kubernetesVersion=... as EKS answers it (botocore's eks model,
+    DescribeAddonVersions: `addons[].addonVersions[].addonVersion`), from the server's `offered` table."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        from urllib.parse import parse_qs, urlparse
+
+        url = urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.server.asked.append((url.path, query.get("addonName"), query.get("kubernetesVersion")))
+        versions = self.server.offered.get(query.get("addonName"), [])
+        body = json.dumps({"addons": [{"addonName": query.get("addonName"), "type": "networking",
+                                       "addonVersions": [{"addonVersion": v} for v in versions]}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _addon_findings(offered: dict[str, list[str]]):
+    import boto3
+
+    from config import load_config
+    from config.online import Findings, check_addon_versions
+
+    served = ThreadedHTTPServer(_Eks)
+    served.server.offered, served.server.asked = offered, []
+    try:
+        eks = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="x",
+                                    region_name="us-east-2").client(
+            "eks", endpoint_url=f"http://127.0.0.1:{served.port}")
+        found = Findings()
+        check_addon_versions(load_config(None), found, eks)
+        return found, served.server.asked
+    finally:
+        served.close()
+
+
+def test_online_check_confirms_every_pinned_addon_version():
+    from config.versions import MANAGED_ADDON_VERSIONS
+
+    pins = MANAGED_ADDON_VERSIONS["1.34"]
+    found, asked = _addon_findings({name: ["v9.9.9-eksbuild.1", version] for name, version in pins.items()})
+    assert (found.problems, found.notes) == ([], [])
+    # The CloudWatch add-on is off in the shipped file: not asked about.
+    assert sorted(a[1] for a in asked) == sorted(set(pins) - {"amazon-cloudwatch-observability"})
+    assert {(a[0], a[2]) for a in asked} == {("/addons/supported-versions", "1.34")}
+
+
+def test_online_check_refuses_an_addon_version_eks_does_not_offer():
+    from config.versions import MANAGED_ADDON_VERSIONS
+
+    offered = {name: [version] for name, version in MANAGED_ADDON_VERSIONS["1.34"].items()}
+    offered["eks-node-monitoring-agent"] = ["v1.6.2-eksbuild.1"]
+    found, _ = _addon_findings(offered)
+    (problem,) = found.problems
+    assert problem.path == "cluster.kubernetes_version"
+    assert ("offers no eks-node-monitoring-agent v1.7.0-eksbuild.1 for Kubernetes 1.34 (it lists v1.6.2-eksbuild.1)"
+            in problem.message)
+
+
+def test_online_check_notes_addon_versions_it_cannot_ask(tmp_path, moto_server, reader):
+    # moto 5.2.5 has no EKS add-on API, and the reader may not call it: each add-on is "not confirmed", not a problem.
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"},
+                                    "region": "us-east-1", "gpu_availability_zone": "us-east-1a"})
+    result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "note: EKS add-on eks-node-monitoring-agent v1.7.0-eksbuild.1: not confirmed (" in result.stderr

@@ -92,7 +92,7 @@ def test_every_kubernetes_minor_config_check_accepts_has_every_addon_pinned():
 
 def test_an_unpinned_kubernetes_minor_is_refused_with_the_fix():
     with pytest.raises(KeyError, match=r"no coredns add-on version pinned for Kubernetes 1\.99; add one to "
-                                       r"MANAGED_ADDON_VERSIONS in stacks/versions.py"):
+                                       r"MANAGED_ADDON_VERSIONS in config/versions.py"):
         managed_addon_version("1.99", "coredns")
 
 

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import time
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -221,12 +222,63 @@ def test_grafana_sidecar_loads_the_dashboard_configmaps(stack_objects, objects):
     grafana = _kind(stack_objects, "Deployment")[GRAFANA_SERVICE]["spec"]["template"]["spec"]
     sidecar = next(c for c in grafana["containers"] if c["name"] == "grafana-sc-dashboard")
     env = {e["name"]: e.get("value") for e in sidecar["env"]}
-    assert (env["LABEL"], env["LABEL_VALUE"], env["NAMESPACE"]) == (DASHBOARD_LABEL, "1", "ALL")
+    assert (env["LABEL"], env["LABEL_VALUE"], env["NAMESPACE"]) == (DASHBOARD_LABEL, "1", MONITORING_NAMESPACE)
     maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["namespace"] == MONITORING_NAMESPACE]
     assert sorted(k for m in maps for k in m["data"]) == ["overview.json", "ray-default.json", "ray-train.json"]
     for config_map in maps:
         assert config_map["metadata"]["labels"][DASHBOARD_LABEL] == "1"
         assert len(json.dumps(config_map)) < 1024**2  # a ConfigMap holds at most 1 MiB
+
+
+def _bound_rules(objects: list[dict], service_account: str) -> list[tuple[str, str, dict]]:
+    """(binding kind, namespace, rule) of every RBAC rule bound to `service_account` in the rendered objects."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects
+             if o["kind"] in ("Role", "ClusterRole")}
+    found = []
+    for binding in (o for o in objects if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == service_account
+                   for s in binding.get("subjects", [])):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        role = roles[(ref["kind"], namespace, ref["name"])]
+        found += [(binding["kind"], binding["metadata"].get("namespace"), rule) for rule in role.get("rules", [])]
+    return found
+
+
+def test_grafana_reads_secrets_only_in_its_own_namespace(stack_objects):
+    rules = _bound_rules(stack_objects, GRAFANA_SERVICE)
+    secrets = [(kind, ns) for kind, ns, rule in rules if "secrets" in rule.get("resources", [])]
+    assert secrets == [("RoleBinding", MONITORING_NAMESPACE)]
+    assert not [o["metadata"]["name"] for o in stack_objects if o["kind"] == "ClusterRole" and "grafana" in
+                o["metadata"]["name"]]
+
+
+def test_kube_state_metrics_reads_no_secret(stack_objects):
+    (role,) = [o for o in stack_objects if o["kind"] == "ClusterRole" and "kube-state-metrics" in o["metadata"]["name"]]
+    assert not [r for r in role["rules"] if "secrets" in r.get("resources", [])]
+    assert role["rules"]  # it still reads the other objects
+
+
+def test_every_grafana_datasource_points_at_a_service_the_chart_creates(stack_objects):
+    services = {(o["metadata"]["name"], o["metadata"].get("namespace")) for o in stack_objects
+                if o["kind"] == "Service"}
+    sources = [d for o in stack_objects if o["kind"] == "ConfigMap" and "datasource" in o["metadata"]["name"]
+               for text in o["data"].values() for d in yaml.safe_load(text).get("datasources", [])]
+    assert [d["type"] for d in sources] == ["prometheus"]
+    for source in sources:
+        host = source["url"].split("//", 1)[1].split(":", 1)[0].split("/", 1)[0]
+        name, _, namespace = host.partition(".")
+        assert (name, namespace) in services, source
+
+
+def test_dcgm_exporter_drops_every_capability(config):
+    (spec,) = workloads_of(render(DCGM_EXPORTER, dcgm_exporter_values(config))).values()
+    (container,) = spec["containers"]
+    context = container["securityContext"]
+    # An empty `add` replaces the chart's [SYS_ADMIN] (Helm merges maps but replaces lists).
+    assert context["capabilities"] == {"add": [], "drop": ["ALL"]} and context["allowPrivilegeEscalation"] is False
+    assert not spec.get("hostPID") and not context.get("privileged")
 
 
 def test_dcgm_exporter_only_on_gpu_nodes_reading_the_agents_hostengine(config):
@@ -389,8 +441,68 @@ OVERVIEW_PNG = "OVERVIEW_PNG"
 `OVERVIEW_PNG=docs/observability-overview.png pytest tests/test_observability.py`)."""
 
 
+# What a GPU node's exporters serve, for the overview's GPU and EFA panels: DCGM series as dcgm-exporter writes them
+# (the counters of its default-counters.csv the panels use: DCGM_FI_DEV_GPU_UTIL %, DCGM_FI_DEV_FB_USED MiB; one series
+# per GPU with `gpu` and `Hostname` labels, the ones the panels group by), and the EFA counters as
+# stacks/efa_counters.sh writes them, produced by running the script itself on the fake sysfs tree of
+# tests/test_efa_counters.py. Only a GPU node can show that the real exporters write these labels (docs/observability.md,
+# "To check on a GPU").
+GPU_NODE = "ip-10-0-0-7.us-east-2.compute.internal"
+
+
+class _GpuNodeExporters(BaseHTTPRequestHandler):
+    """Serves the DCGM series and the EFA script's file; each request is one scrape, the counters grow by 1 MB."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        body = self.server.exposition().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _gpu_node_exposition(sysfs: Path, hw: Path, out: Path, scrapes: list[int]) -> str:
+    from tests.test_efa_counters import FIRST, run_script, set_counters
+
+    scrapes.append(1)
+    grown = {**FIRST, "tx_bytes": FIRST["tx_bytes"] + len(scrapes) * 1_000_000,
+             "rx_bytes": FIRST["rx_bytes"] + len(scrapes) * 500_000}
+    set_counters(hw, grown)
+    result = run_script(sysfs, out, "--once")
+    assert result.returncode == 0, result.stderr
+    dcgm = []
+    for name, value in (("DCGM_FI_DEV_GPU_UTIL", 97), ("DCGM_FI_DEV_FB_USED", 18_432)):
+        dcgm.append(f"# TYPE {name} gauge")
+        dcgm += [f'{name}{{gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA L4",Hostname="{GPU_NODE}"}} '
+                 f"{value}" for g in range(4)]
+    return "\n".join(dcgm) + "\n" + (out / "efa.prom").read_text()
+
+
 @pytest.fixture(scope="module")
-def scraped_run(tmp_path_factory, config):
+def gpu_node(tmp_path_factory):
+    """The loopback "GPU node" (its exporters' series), as a scrape config for the test's Prometheus."""
+    from tests.loopback import ThreadedHTTPServer
+    from tests.test_efa_counters import EFA_DEVICE, FIRST, _rdma_device
+
+    root = tmp_path_factory.mktemp("gpu-node")
+    sysfs, out = root / "sys", root / "textfile"
+    out.mkdir()
+    hw = _rdma_device(sysfs, EFA_DEVICE, "0000:00:06.0", "efa", FIRST)
+    served = ThreadedHTTPServer(_GpuNodeExporters)
+    scrapes: list[int] = []
+    served.server.exposition = lambda: _gpu_node_exposition(sysfs, hw, out, scrapes)
+    try:
+        yield {"job_name": "gpu-node", "static_configs": [{"targets": [f"127.0.0.1:{served.port}"]}]}
+    finally:
+        served.close()
+
+
+@pytest.fixture(scope="module")
+def scraped_run(tmp_path_factory, config, gpu_node):
     """Start Ray, then Prometheus scraping Ray's metrics agent, then a Ray Train run; yield (server, start, end)."""
     if prometheus_missing():
         pytest.skip(prometheus_missing())
@@ -414,7 +526,7 @@ def scraped_run(tmp_path_factory, config):
             monitoring.pod_monitor_spec(config.model_copy(update={"observability": config.observability.model_copy(
                 update={"scrape_interval_s": 1})}), owner),
             targets=[{"targets": [f"127.0.0.1:{node['MetricsExportPort']}"], "labels": meta}])
-        with PrometheusServer([scrape]) as server:
+        with PrometheusServer([scrape, gpu_node]) as server:
             wait_for(lambda: any(t["health"] == "up" for t in server.active_targets()), 60, "Ray's metrics agent up")
             root = tmp_path_factory.mktemp("scrape")
             plan, _ = local_plan(root / "run", assets_dir=root / "assets", run_name=RUN, **JOB)
@@ -463,6 +575,18 @@ def test_overview_query_returns_series_of_the_run(scraped_run, title, target):
     assert series, f"{title}: {target.expr} returned nothing"
     for one in series:
         assert one["metric"][RUN_NAME_LABEL] == RUN, one["metric"]
+
+
+@pytest.mark.parametrize("panel", dashboards.OVERVIEW_PANELS, ids=[p.title for p in dashboards.OVERVIEW_PANELS])
+def test_every_overview_panel_returns_data(scraped_run, panel):
+    """The Ray run, the DCGM series and the EFA script's counters through the same Prometheus: each panel of the
+    overview (the project's dashboard in dist/dashboards.k8s.yaml) shows something. MFU's measured line needs a GPU
+    (Ray Train reports it only there); its plan line is the data here."""
+    server, start, end, _ = scraped_run
+    answered = {t.expr: bool(server.query_range(_grafana(t.expr, RUN), start=start, end=end)) for t in panel.targets}
+    assert any(answered.values()), f"{panel.title}: no target returned data: {answered}"
+    if not panel.title.startswith("MFU"):
+        assert all(answered.values()), f"{panel.title}: {answered}"
 
 
 def test_the_final_reports_loss_is_scraped(scraped_run):
@@ -547,3 +671,13 @@ def test_an_ec2_run_does_not_hold_its_last_metrics(config):
 
     assert config.observability.enabled
     assert cluster_plan(with_target(config, "ec2"), bucket="b").scrape_interval_s is None
+
+
+def test_the_deploy_steps_apply_the_dashboards():
+    """docs/deploying.md's deploy block applies dist/dashboards.k8s.yaml after `cdk deploy` (the stack's Grafana
+    loads the ConfigMaps in it); README's steps point there."""
+    text = (REPO / "docs" / "deploying.md").read_text()
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split("#")[0].strip() for line in block.splitlines()]
+    deploy = lines.index("npx cdk deploy --all")
+    assert lines.index("kubectl apply --server-side -f dist/dashboards.k8s.yaml") > deploy

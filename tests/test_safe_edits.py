@@ -90,7 +90,8 @@ DEFAULT_ONLY = {
     "scale-down minutes": _set("autoscaling.scale_down_minutes", 30),
     "CloudWatch add-on on": _set("cluster.cloudwatch_observability", True),
     "admin role": _set("cluster.admin_role_arn", "arn:aws:iam::123456789012:role/Admin"),
-    "public CIDRs": _set("cluster.public_access_cidrs", ["203.0.113.0/24"]),
+    "public CIDRs": lambda data: _set("cluster.public_access_cidrs", ["203.0.113.0/24"])(
+        _set("cluster.endpoint_access", "public_and_private")(data)),
     "system node count": _set("cluster.system_nodes.nodes", 3),
     "Ray head size": _set("ray.head.cpu", 6),
     "checkpoint expiry": _set("storage.checkpoint_expiry_days", 60),
