@@ -24,9 +24,12 @@ from config.base import INT32_MAX
 from config.cluster_fields import INSTANCE_TYPE_PATTERN
 from config.reference import constraint_text
 from config.subnets import carve
-from tests.helpers import REPO, cdk_app, default_data
+from tests.helpers import cdk_app, default_data
+from tools import pins
 
-KUBERAY = REPO.parent / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
+# KubeRay 1.7.0's RayJob CRD, verified against its pin, from wherever this checkout has it (tools/pins.py: the mirror,
+# the cache or a download by `make setup`), not only from ../shared, which a user's clone lacks.
+KUBERAY_FILE = "ray.io_rayjobs.yaml"
 
 
 @cache
@@ -43,7 +46,8 @@ def botocore_model(service: str):
 
 @cache
 def rayjob_spec() -> dict:
-    crd = yaml.load(KUBERAY.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 13k lines
+    text = pins.fetch(KUBERAY_FILE)[0].read_text()
+    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 13k lines
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
 
 

@@ -93,7 +93,7 @@ def tamper(path: Path) -> None:
 
 
 def test_resolution_order(repo, pinned, tmp_path):
-    explicit, shared, cache = tmp_path / "explicit", crds.shared_dir(repo), crds.cache_dir(repo)
+    explicit, shared, cache = tmp_path / "explicit", crds.shared_dir(repo, {}), crds.cache_dir(repo)
     for folder in (explicit, shared, cache):
         folder.mkdir(parents=True)
     for file in crds.SHA256:
@@ -153,7 +153,7 @@ def test_offline_error_names_the_three_ways(repo):
     assert message.startswith(f"{CLUSTERS}: KubeRay 1.7.0 CRD not found")
     assert "http://127.0.0.1:9/bases/ray.io_rayclusters.yaml failed" in message
     assert "set KUBERAY_CRD_DIR" in message
-    assert f"put them in {crds.shared_dir(repo)}" in message
+    assert f"put them in {crds.shared_dir(repo, {})}" in message
     assert "run `make setup`" in message and "KUBERAY_CRD_BASE_URL" in message
     assert str(crds.cache_dir(repo)) in message
 

@@ -588,7 +588,8 @@ def _main_local(args, config: ClusterConfig) -> int:
     run_log = RunLog(Path(args.output_dir).resolve() / "ray.log", verbose=args.verbose)
     if run_log.previous:
         print(f"the previous run's log is kept as {_shown(run_log.previous)}", flush=True)
-    plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
+    with Heartbeat("preparing the demo's tiny model, tokenizer and data"):
+        plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
     if args.storage_path:
         plan.storage_path = args.storage_path
     problems = validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE)
