@@ -72,13 +72,16 @@ def endpoint_line(config: ClusterConfig) -> str:
 def day_two_lines(config: ClusterConfig) -> list[str]:
     """What a later deploy does to the node groups (docs/lifecycle.md; tests/test_lifecycle_templates.py)."""
     lines = []
+    # The groups whose size is not the template's once they exist: all under the autoscaler, and a capacity block's.
+    owned = [g for g in config.cluster.worker_groups if config.autoscaling.enabled or g.capacity == "capacity_block"]
+    new = [g.name for g in owned if not g.deployed]
+    if new:
+        lines.append(f"node groups {', '.join(new)}: deployed: false, so the template sets DesiredSize to the "
+                     "group minimum, which creating a group needs; once the deploy has created them set "
+                     "deployed: true, so that later deploys leave out DesiredSize and keep the size the Cluster "
+                     "Autoscaler (or you, for a capacity block) set (a teardown deletes the groups: set it back to "
+                     "false before a redeploy)")
     if config.autoscaling.enabled:
-        new = [g.name for g in config.cluster.worker_groups if not g.deployed]
-        if new:
-            lines.append(f"node groups {', '.join(new)}: deployed: false, so the template sets DesiredSize to the "
-                         "group minimum, which creating a group needs; once the deploy has created them set "
-                         "deployed: true, so that later deploys leave out DesiredSize and keep the Cluster "
-                         "Autoscaler's size (a teardown deletes the groups: set it back to false before a redeploy)")
         lines.append("min_nodes/max_nodes of a deployed group: only its limits change, running nodes stay (EKS refuses "
                      "a min_nodes above the group's current size, and the deploy rolls back unchanged)")
     lines.append("a worker group's instance_type, disk_gib or cluster.node_ami_release_version replaces every node of "

@@ -15,6 +15,8 @@ Without `--online` nothing here runs: `offline_notes` says in one line each what
     (EC2 `DescribeCapacityReservations`);
   - that EKS offers each pinned managed add-on version (MANAGED_ADDON_VERSIONS, config/versions.py) for the
     cluster's Kubernetes version in the region (EKS `DescribeAddonVersions`); offline they are unconfirmed;
+  - that the KubeRay operator chart at `ray.kuberay_version` is in its Helm repository's index.yaml (no
+    credentials needed);
   - with `storage.existing_bucket: true`, that the kept checkpoint bucket exists and its bucket policy still
     holds the TLS-only statement the first deploy wrote (S3 `GetBucketPolicy`; STS `GetCallerIdentity` for the
     account in the derived name): the redeploy declares no policy of its own (stacks/storage.py).
@@ -69,6 +71,8 @@ def offline_notes(config: ClusterConfig) -> list[str]:
               for name, loc in config.job.s3_sources.items()]
     notes.append("AWS quota, instance offering and capacity reservation: not checked (offline; --online checks "
                  "them with AWS credentials)")
+    notes.append(f"ray.kuberay_version: chart kuberay-operator {config.ray.kuberay_version} not confirmed in its "
+                 "Helm repository (offline; --online reads its index.yaml)")
     notes.append(f"EKS add-on versions ({', '.join(f'{n} {v}' for n, v in addon_pins(config).items())}): not "
                  "confirmed for this region (offline; --online asks EKS DescribeAddonVersions)")
     if config.storage.existing_bucket:
@@ -129,6 +133,33 @@ def check_hub(config: ClusterConfig, found: Findings) -> None:
                             timeout_s=READ_TIMEOUT_S, field=f"job.{name}")
         if access.status == "needs_token":
             found.problems.append(Problem(path=TOKEN_FIELD, message=access.message))
+
+
+def check_chart_index(config: ClusterConfig, found: Findings, repository: str | None = None) -> None:
+    """The KubeRay operator chart at `ray.kuberay_version` is listed in its repository's index.yaml (`helm install`
+    of a version the index lacks fails the chart's custom resource, and a first deploy rolls the cluster back)."""
+    import urllib.request
+
+    import yaml
+
+    from config.versions import KUBERAY_CHART, KUBERAY_REPOSITORY
+
+    # KUBERAY_HELM_REPOSITORY points it elsewhere (a mirror; the tests' loopback server), as AWS_ENDPOINT_URL does AWS.
+    repository = repository or os.environ.get("KUBERAY_HELM_REPOSITORY") or KUBERAY_REPOSITORY
+    url = f"{repository.rstrip('/')}/index.yaml"
+    version = config.ray.kuberay_version
+    try:
+        with urllib.request.urlopen(url, timeout=READ_TIMEOUT_S) as answer:  # noqa: S310 - a fixed https URL
+            index = yaml.safe_load(answer.read())
+    except Exception as exc:  # noqa: BLE001 - no route, a timeout, a bad index: a note, not a problem
+        found.notes.append(f"ray.kuberay_version: chart {KUBERAY_CHART} {version} not confirmed ({url}: "
+                           f"{type(exc).__name__})")
+        return
+    listed = [str(entry.get("version")) for entry in (index or {}).get("entries", {}).get(KUBERAY_CHART, [])]
+    if version not in listed:
+        found.problems.append(Problem(path="ray.kuberay_version", message=(
+            f"{url} lists no {KUBERAY_CHART} {version} (newest: {', '.join(listed[:3]) or 'none'}); pick a "
+            "version it lists")))
 
 
 def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:
@@ -312,5 +343,6 @@ def online_findings(config: ClusterConfig, session=None) -> Findings:
     """Every online check; problems mean the file cannot deploy from this account."""
     found = Findings()
     check_hub(config, found)
+    check_chart_index(config, found)
     check_aws(config, found, session)
     return found

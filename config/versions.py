@@ -100,3 +100,9 @@ MANAGED_ADDON_VERSIONS: dict[str, dict[str, str]] = {
         "amazon-cloudwatch-observability": "v4.10.3-eksbuild.1",
     },
 }
+
+# The KubeRay operator chart (its version is the file's `ray.kuberay_version`); `python -m config check --online`
+# looks the version up in the repository's index.yaml (config/online.py), since the stored index could not confirm
+# 1.7.0 (stacks/versions.py).
+KUBERAY_CHART = "kuberay-operator"
+KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"

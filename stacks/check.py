@@ -16,7 +16,6 @@ from config import ClusterConfig, load_or_exit
 from config.__main__ import check
 from config.cli import add_file_argument, chosen_file
 
-
 # What each node group class (stacks/lifecycle.py) does to a job running on the group.
 NODEGROUP_EFFECT = {
     "rolled": "EKS replaces every node of the group, one at a time (UpdateStrategy MINIMAL): a running job ends "

@@ -135,9 +135,11 @@ class EfaNodeGroup(Construct):
         # aws_eks_v2's Nodegroup has no property for the strategy, hence the override.
         cfn = self.nodegroup.node.default_child
         cfn.add_property_override("UpdateConfig.UpdateStrategy", "MINIMAL")
-        if config.autoscaling.enabled and group.deployed:
-            # The Cluster Autoscaler owns the size of an existing group. EKS resizes a group to DesiredSize
-            # whenever that property changes, terminating nodes if it is below the running count, and "when
+        if group.deployed and (config.autoscaling.enabled or group.capacity == "capacity_block"):
+            # The Cluster Autoscaler owns the size of an existing group (or, for a capacity block without it, the
+            # person who scales it by hand once the block starts: docs/deploying.md "Capacity blocks"). EKS resizes
+            # a group to DesiredSize whenever that property changes, terminating nodes if it is below the running
+            # count, and "when
             # using CloudFormation, no action occurs if you remove this parameter from your CFN template" (EKS API
             # Reference, NodegroupScalingConfig.desiredSize; the same text in the CloudFormation template reference,
             # AWS::EKS::Nodegroup ScalingConfig). aws_eks_v2's Nodegroup always writes it (desiredSize ?? minSize),

@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-import jsii
-
 import aws_cdk as cdk
+import jsii
 from constructs import IConstruct
 
 if TYPE_CHECKING:

@@ -9,7 +9,13 @@ from constructs import Construct
 
 from config.k8s import KUBERAY_NAMESPACE
 from config.observability import MONITORING_NAMESPACE, STACK_RELEASE
-from config.versions import CLUSTER_AUTOSCALER_CHARTS, MANAGED_ADDON_VERSIONS, kubectl_layer_module
+from config.versions import (
+    CLUSTER_AUTOSCALER_CHARTS,
+    KUBERAY_CHART,
+    KUBERAY_REPOSITORY,
+    MANAGED_ADDON_VERSIONS,
+    kubectl_layer_module,
+)
 from tools.pins import chart_version
 
 
@@ -55,8 +61,8 @@ EFA_DEVICE_PLUGIN = ChartPin(
 # The version is the variable file's `ray.kuberay_version` (default 1.7.0). The stored copy of
 # ray-project/kuberay-helm's gh-pages index.yaml is from 2025-07-16 and lists kuberay-operator up to 1.4.2, so
 # 1.7.0 could not be confirmed there; the CRDs the charts are validated against are KubeRay's v1.7.0 release.
-KUBERAY_CHART = "kuberay-operator"
-KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
+# KUBERAY_CHART and KUBERAY_REPOSITORY are in config/versions.py: `python -m config check --online` reads the
+# repository's index.yaml for the version.
 
 
 # The Cluster Autoscaler chart and image per Kubernetes minor (CLUSTER_AUTOSCALER_CHARTS) are pinned in

@@ -57,8 +57,14 @@ def hub():
         served.close()
 
 
+# Where `--online` looks for the KubeRay chart's index.yaml: a loopback port nothing listens on (refused at once, a
+# note), unless a test serves one; tests talk to 127.0.0.1 only.
+NO_HELM = {"KUBERAY_HELM_REPOSITORY": "http://127.0.0.1:1/"}
+
+
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in _OTHER_CREDENTIAL_VARS and not k.startswith("HF_")}
+    base.update(NO_HELM)
     return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env={**base, **env}, capture_output=True,
                           text=True, timeout=CHECK_TIMEOUT_S)
 
@@ -303,3 +309,57 @@ def test_online_check_notes_addon_versions_it_cannot_ask(tmp_path, moto_server, 
     result = _run(["config", "check", str(path), "--online"], _aws_env(moto_server, reader, tmp_path))
     assert result.returncode == 0, result.stderr
     assert "note: EKS add-on eks-node-monitoring-agent v1.7.0-eksbuild.1: not confirmed (" in result.stderr
+
+
+# ---- the KubeRay chart in its Helm repository's index.yaml ----------------------------------------------------
+
+class _HelmRepo(BaseHTTPRequestHandler):
+    """A Helm repository's /index.yaml (`entries.<chart>[].version`), from the server's `versions`."""
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        import yaml
+
+        self.server.paths.append(self.path)
+        body = yaml.safe_dump({"apiVersion": "v1", "entries": {"kuberay-operator": [
+            {"name": "kuberay-operator", "version": v} for v in self.server.versions]}}).encode()
+        self.send_response(200 if self.path == "/index.yaml" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _chart_findings(versions: list[str]):
+    from config import load_config
+    from config.online import Findings, check_chart_index
+
+    served = ThreadedHTTPServer(_HelmRepo)
+    served.server.versions, served.server.paths = versions, []
+    try:
+        found = Findings()
+        check_chart_index(load_config(None), found, repository=f"http://127.0.0.1:{served.port}/")
+        return found, served.server.paths
+    finally:
+        served.close()
+
+
+def test_online_check_confirms_the_kuberay_chart_in_its_index():
+    found, paths = _chart_findings(["1.7.0", "1.6.1"])
+    assert (found.problems, found.notes, paths) == ([], [], ["/index.yaml"])
+
+
+def test_online_check_refuses_a_kuberay_chart_its_index_lacks():
+    found, _ = _chart_findings(["1.4.2", "1.4.1"])
+    (problem,) = found.problems
+    assert problem.path == "ray.kuberay_version"
+    assert "lists no kuberay-operator 1.7.0 (newest: 1.4.2, 1.4.1)" in problem.message
+
+
+def test_online_check_notes_an_index_it_cannot_read(tmp_path):
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-models/qwen", "dataset": "s3://online-models/d"}})
+    result = _run(["config", "check", str(path), "--online"], NO_AWS)
+    assert result.returncode == 0, result.stderr
+    assert "note: ray.kuberay_version: chart kuberay-operator 1.7.0 not confirmed (http://127.0.0.1:1/index.yaml" \
+        in result.stderr

@@ -218,3 +218,17 @@ def test_a_second_cluster_shares_no_name_with_the_first():
     kinds = {name.split(" ")[0] for name in first}
     assert kinds == {"stack", "export", "AWS::EKS::Cluster", "AWS::EKS::Addon", "AWS::S3::Bucket",
                      "AWS::S3::BucketPolicy"}
+
+
+@pytest.mark.parametrize("deployed", [False, True])
+def test_a_capacity_block_group_without_the_autoscaler_keeps_its_hand_set_size_once_deployed(tmp_path, deployed):
+    # Created at desired 0 (the block may not have started); scaled by hand when it starts (docs/deploying.md).
+    from stacks.replacements import synthesize
+    from tests.helpers import EXAMPLES
+
+    path = write_variant(tmp_path, {"autoscaling": {"enabled": False}}, base=EXAMPLES / "p5.yaml",
+                         group={"deployed": deployed})
+    config = load_config(path)
+    (group,) = [r for t in synthesize(config, tmp_path / "out").values() for k, r in t["Resources"].items()
+                if r["Type"] == "AWS::EKS::Nodegroup" and k.startswith("Workers")]
+    assert ("DesiredSize" in group["Properties"]["ScalingConfig"]) is not deployed

@@ -445,8 +445,8 @@ OVERVIEW_PNG = "OVERVIEW_PNG"
 # (the counters of its default-counters.csv the panels use: DCGM_FI_DEV_GPU_UTIL %, DCGM_FI_DEV_FB_USED MiB; one series
 # per GPU with `gpu` and `Hostname` labels, the ones the panels group by), and the EFA counters as
 # stacks/efa_counters.sh writes them, produced by running the script itself on the fake sysfs tree of
-# tests/test_efa_counters.py. Only a GPU node can show that the real exporters write these labels (docs/observability.md,
-# "To check on a GPU").
+# tests/test_efa_counters.py. Only a GPU node can show that the real exporters write these labels
+# (docs/observability.md, "To check on a GPU").
 GPU_NODE = "ip-10-0-0-7.us-east-2.compute.internal"
 
 
