@@ -61,6 +61,18 @@ def target_problem(model, targets: list[str], model_name: str = "the model") -> 
             f"list some of those in job.lora.target_modules")
 
 
+def check_targets(arch, targets: list[str], model_name: str) -> None:
+    """Raise `LoraTargetError` when a target is not a linear layer of `arch` (a Hugging Face config): the model
+    is built on the meta device, so no memory and about a second for any size (the plan calls this)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(arch)
+    problem = target_problem(model, list(targets), model_name)
+    if problem:
+        raise LoraTargetError(problem)
+
+
 def peft_config(lora: dict, *, base_model: str | None = None):
     """PEFT's `LoraConfig` for `job.lora` (a causal LM; biases not trained)."""
     from peft import LoraConfig
