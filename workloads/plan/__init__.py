@@ -69,7 +69,8 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
             activation_checkpointing: bool, bf16_tflops: float, network_gbps: float = 0.0,
             efficiency: float = DEFAULT_EFFICIENCY, reduce_dtype: str = "float32",
             reshard_after_forward: bool = True, limit_gib: float | None = None,
-            flops: tuple[float, float] | None = None, lora: dict | None = None, search: bool = True) -> dict:
+            flops: tuple[float, float] | None = None, lora: dict | None = None,
+            search: bool | str = True) -> dict:
     """Memory, FLOPs and step time of one steady-state step of `arch` on `mesh` (`topology.MeshPlan`).
 
     No variable file needed (the GPU benchmark calls this for its own configuration). With
@@ -77,7 +78,8 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
     batch kept) and, when even one sequence is too many, `largest_seq_len` (halving). `flops` (executed,
     forward per micro-batch, from an earlier prediction of the same micro-batch) skips counting them again:
     they depend on the model and the micro-batch, not on the sharding, the GPU or the node count.
-    `lora` (`job.lora` as a dict) plans LoRA (`simulate.FakeJob`); `search=False` skips the search for what fits.
+    `lora` (`job.lora` as a dict) plans LoRA (`simulate.FakeJob`); `search=False` skips the search for what fits,
+    `search="micro_batch"` searches the micro-batch only (no shorter sequences).
     When the persistent state alone exceeds `limit_gib`, no step is simulated (`state_exceeds_limit`).
     """
     from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, padded_numel
@@ -111,7 +113,8 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
             state = fake.state_bytes()
         if search and limit_gib is not None and memory.peak > limit_gib * GIB and not out:
             out = _largest_fitting(fake, limit_gib * GIB, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                   sequences=micro_batch_size * grad_accumulation, peak=memory.peak)
+                                   sequences=micro_batch_size * grad_accumulation, peak=memory.peak,
+                                   shorter=search != "micro_batch")
         params_comm = padded_numel(fake.param_shapes, mesh.shard)
         root_comm = padded_numel(fake.root_param_shapes, mesh.shard)
         grad_comm = padded_numel(fake.trainable_shapes, mesh.shard)
@@ -141,7 +144,7 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
 
 
 def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB,
-              flops: tuple[float, float] | None = None, search_smaller: bool = True, online: bool = False,
+              flops: tuple[float, float] | None = None, search_smaller: bool | str = True, online: bool = False,
               token: str | None = None) -> dict:
     """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit.
 
@@ -234,7 +237,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
 
 
 def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int, sequences: int,
-                     peak: int) -> dict:
+                     peak: int, shorter: bool = True) -> dict:
     """The largest micro-batch that fits at `seq_len` ({"largest_micro_batch": n}), else the largest
     `seq_len` (halving) that fits one sequence ({"largest_micro_batch": 0, "largest_seq_len": n}).
 
@@ -257,6 +260,8 @@ def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int,
                 break
             best -= 1
         return {"largest_micro_batch": best}
+    if not shorter:
+        return {"largest_micro_batch": 0}
     seq = seq_len // 2
     while seq >= MIN_SEQ_LEN and peak_at(1, seq) > limit:
         seq //= 2

@@ -111,16 +111,25 @@ def suggest(config: ClusterConfig, plan: dict, **plan_kwargs) -> list[dict]:
     from workloads.plan import PlanRefusal, make_plan
 
     out = []
+    lora_flops = None  # LoRA's FLOPs per micro-batch depend on the model and micro-batch, not on the sharding
     for change, changed, same_flops in candidates(config, plan):
         flops = tuple(plan["flops_per_micro_batch"]) if same_flops and "flops_per_micro_batch" in plan else None
         lora = change.startswith("job.method: lora")
+        if lora:
+            flops = lora_flops
         try:
-            # LoRA is the one change that may fit only with a smaller micro-batch too: it is searched for.
-            result = make_plan(changed, flops=flops, search_smaller=lora, **plan_kwargs)
+            # LoRA is the one change that may fit only with a smaller micro-batch too: that is searched for
+            # (not shorter sequences, which change the data).
+            result = make_plan(changed, flops=flops, search_smaller="micro_batch" if lora else False, **plan_kwargs)
         except PlanRefusal as refusal:
             result = refusal.plan
+            if lora and not result.get("state_exceeds_limit"):
+                lora_flops = tuple(result["flops_per_micro_batch"])
             if lora and result.get("largest_micro_batch", 0):
                 change, result = _lora_smaller_batch(changed, change, result, **plan_kwargs)
+        else:
+            if lora:
+                lora_flops = tuple(result["flops_per_micro_batch"])
         out.append({"change": change, "fits": result["fits"], "peak_gib_per_gpu": result["peak_gib_per_gpu"],
                     "limit_gib": result["limit_gib"], "cost_per_hour_usd": result["cost_per_hour_usd"],
                     "run_hours": result["run_hours"], "run_cost_usd": result["run_cost_usd"]})
