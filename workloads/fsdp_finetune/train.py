@@ -362,6 +362,12 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
     export_dtype = saved_dtype(path)
     model_config = model.config
     n_params = count_params(model)
+    if peft_model is not None:
+        from workloads.fsdp_finetune.lora import trainable_count
+
+        log.info("LoRA rank %d on %s: %.2fM trainable parameters (%.2f%%), the base frozen", job["lora"]["rank"],
+                 ",".join(job["lora"]["target_modules"]), trainable_count(model) / 1e6,
+                 100 * trainable_count(model) / n_params)
     optimizer = build_optimizer(model, job, device)
     scheduler = build_scheduler(optimizer, job)
 
