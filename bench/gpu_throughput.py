@@ -35,6 +35,16 @@ step time: the gap is the plan's error (target: memory within 15 %).
     python bench/gpu_throughput.py --micro-batch 12    # more tokens per step if memory allows
     python bench/gpu_throughput.py --no-compile        # eager layers
     python bench/gpu_throughput.py --tiny              # anywhere: tiny shapes (compile off), both sides, in seconds
+    python bench/gpu_throughput.py --lora              # LoRA case: Qwen2.5-7B architecture on one GPU (below)
+    python bench/gpu_throughput.py --lora --tiny       # the LoRA case's code path anywhere, in seconds
+
+--lora: the workload's LoRA path (`workloads/fsdp_finetune/lora.py`, `job.method: lora`) on the Qwen2.5-7B
+architecture (the plan's table), random weights: the frozen base in bf16, PEFT's adapters (rank 16, alpha 32,
+every linear layer of a block) in fp32, `shard_model` and `train_step` as above; seq 2048, micro-batch 4, compile
+on, activation checkpointing off (the bf16 base is 14 GiB; 4 x 2048 tokens of activations fit an H200).
+No walkthrough side (it has no LoRA). MFU is printed under two conventions: the usual 6N + 12LdT, and
+4N + 12LdT (a frozen base computes no weight gradients: forward 2N, backward 2N for the inputs' gradients;
+the adapters' own FLOPs are under 1 % and left out). The plan's LoRA prediction is printed beside the measurement.
 
 --tiny uses the GPU when there is one and the CPU otherwise (FSDP1 then runs on CPU with
 `device_id=cpu`); its figures only show that the script works, they are not the target. Last line is JSON.
@@ -61,14 +71,19 @@ PLAN_TFLOPS = 989.0  # the plan's step time where the catalog does not know the 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
                   rope_theta=1000000.0, rms_norm_eps=1e-6)
+QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, max_position_embeddings=131072, tie_word_embeddings=False,
+                rope_theta=1000000.0, rms_norm_eps=1e-6)
+LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=512, max_position_embeddings=1024, tie_word_embeddings=True)
 
 
-def _config(tiny: bool):
+def _config(tiny: bool, lora: bool = False):
     from transformers import Qwen2Config
 
-    return Qwen2Config(**(TINY if tiny else QWEN25_15B))
+    return Qwen2Config(**(TINY if tiny else QWEN25_7B if lora else QWEN25_15B))
 
 
 def gpu_peak(device_name: str) -> tuple[str, float] | None:
@@ -157,6 +172,90 @@ def bench_workload(cfg, device, *, seq: int, micro: int, accum: int, ac: bool, c
     return result
 
 
+def bench_lora(cfg, device, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool, warmup: int,
+               iters: int) -> dict:
+    """The LoRA path of `train.build_sharded_model` with random weights from the config: a frozen base (bf16 on a
+    GPU, fp32 on CPU), PEFT's adapters injected before `shard_model`, the optimizer over the adapters alone."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workloads.fsdp_finetune.lora import apply_lora, trainable_count
+    from workloads.fsdp_finetune.model import resolve_attn_implementation, shard_model
+    from workloads.fsdp_finetune.train import build_optimizer, train_step
+
+    torch.manual_seed(0)
+    attn = resolve_attn_implementation("sdpa", device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    model.config.use_cache = False
+    apply_lora(model, LORA, seed=0)
+    model.to(device)
+    shard_model(model, device=device, activation_checkpointing=ac, compile=compile_, reshard_after_forward=False)
+    optimizer = build_optimizer(model, {"learning_rate": 2e-4, "weight_decay": 0.0}, device)
+    gen = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": (ids := torch.randint(0, cfg.vocab_size, (micro, seq), generator=gen)),
+                "labels": ids.clone()} for _ in range(accum)]
+
+    def step():
+        train_step(model, optimizer, batches, grad_clip=1.0, device=device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = _timed(step, device, warmup, iters)
+    result = {"seq_len": seq, "micro_batch": micro, "accumulation": accum, "activation_checkpointing": ac,
+              "compile": compile_, "lora": LORA, "trainable_params": trainable_count(model),
+              "params": sum(p.numel() for p in model.parameters()), "base_dtype": str(dtype).removeprefix("torch."),
+              "step_s": seconds, "tokens_per_s": micro * seq * accum / seconds}
+    if device.type == "cuda":
+        result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def lora_flops_per_token(cfg, seq: int) -> float:
+    """4N + 12LdT: a frozen base computes no weight gradients (forward 2N, input-gradient backward 2N)."""
+    from workloads.fsdp_finetune.metrics import flops_per_token, matmul_params
+
+    return flops_per_token(cfg, seq) - 2.0 * matmul_params(cfg)
+
+
+def main_lora(args, device, cfg, *, seq: int, micro: int, warmup: int, iters: int, compile_: bool,
+              compile_note: str | None, catalog_gpu, peak: float | None, device_name: str) -> None:
+    """The --lora case: the workload's LoRA step alone, with the plan's LoRA prediction beside it."""
+    import torch.distributed as dist
+
+    from workloads.fsdp_finetune.metrics import flops_per_token, mfu
+
+    planned = plan_prediction(cfg, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
+                              compile_=compile_, peak_tflops=catalog_gpu[1] if catalog_gpu else PLAN_TFLOPS,
+                              lora=LORA)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
+    ours = bench_lora(cfg, device, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
+                      compile_=compile_, warmup=warmup, iters=iters)
+    dist.destroy_process_group()
+    ours["mfu_6n"] = mfu(ours["tokens_per_s"], cfg, seq, peak)
+    ours["mfu_4n"] = None if peak is None else ours["tokens_per_s"] * lora_flops_per_token(cfg, seq) / (peak * 1e12)
+    where = device_name + (" (--tiny: not the target)" if args.tiny else "")
+    print(f"device: {where}; model: {'tiny Qwen2' if args.tiny else 'Qwen2.5-7B architecture'}, random weights; "
+          f"LoRA rank {LORA['rank']} on {', '.join(LORA['target_modules'])}: {ours['trainable_params']:,} trainable "
+          f"of {ours['params']:,} parameters, base in {ours['base_dtype']}")
+    print(f"flops/token: 6N + 12LdT {flops_per_token(cfg, seq):.3e}, 4N + 12LdT {lora_flops_per_token(cfg, seq):.3e}")
+    m6 = f"{ours['mfu_6n']:.1%}" if ours["mfu_6n"] is not None else "n/a"
+    m4 = f"{ours['mfu_4n']:.1%}" if ours["mfu_4n"] is not None else "n/a"
+    mem = f"{ours['peak_memory_gib']:.2f} GiB" if "peak_memory_gib" in ours else "n/a (CPU)"
+    print(f"lora         {ours['tokens_per_s']:12.0f} tokens/s  step {ours['step_s']:.3f} s  MFU {m6} (6N), {m4} (4N)"
+          f"  peak memory {mem}")
+    plan_error = None
+    if planned is not None:
+        print(f"plan (workloads.plan, LoRA): peak memory {planned['peak_memory_gib']:.2f} GiB predicted, {mem} "
+              f"measured; step {planned['step_s']:.3f} s predicted, {ours['step_s']:.3f} s measured")
+        if "peak_memory_gib" in ours:
+            plan_error = {"memory": round(planned["peak_memory_gib"] / ours["peak_memory_gib"] - 1, 4),
+                          "step_time": round(planned["step_s"] / ours["step_s"] - 1, 4), "memory_target": 0.15}
+    print(json.dumps({"case": "lora", "device": where, "tiny": args.tiny, "peak_tflops": peak,
+                      "compile_fallback": compile_note, "lora": ours, "plan": planned, "plan_error": plan_error}))
+
+
 def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: int) -> dict:
     import functools
 
@@ -193,7 +292,7 @@ def bench_walkthrough(cfg, device, *, seq: int, batch: int, warmup: int, iters: 
 
 
 def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_: bool,
-                    peak_tflops: float) -> dict | None:
+                    peak_tflops: float, lora: dict | None = None) -> dict | None:
     """`workloads.plan`'s prediction for this benchmark's own configuration (one rank, full sharding,
     `reshard_after_forward=False`), made on fake tensors before any process group exists; None, with
     the reason printed, where the plan cannot run here. Compilation is not simulated: with `compile`
@@ -207,7 +306,7 @@ def plan_prediction(cfg, *, seq: int, micro: int, accum: int, ac: bool, compile_
         return None
     mesh = plan_from("full", world_size=1, ranks_per_node=1)
     step = predict(cfg, mesh, micro_batch_size=micro, seq_len=seq, grad_accumulation=accum,
-                   activation_checkpointing=ac, bf16_tflops=peak_tflops, reshard_after_forward=False)
+                   activation_checkpointing=ac, bf16_tflops=peak_tflops, reshard_after_forward=False, lora=lora)
     release_fake_process_group()
     return {"peak_memory_gib": round(step["peak_bytes"] / 2**30, 3), "step_s": round(step["step_time_s"], 4),
             "efficiency": step["efficiency"], "peak_tflops": peak_tflops, "compile_simulated": False,
@@ -218,9 +317,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true",
                         help="tiny model (GPU if present, else CPU), both sides: checks the script, not the target")
+    parser.add_argument("--lora", action="store_true",
+                        help="the LoRA case: Qwen2.5-7B architecture, frozen bf16 base, rank-16 adapters (see above)")
     parser.add_argument("--seq-len", type=int, default=None, help="default 2048 (64 with --tiny)")
-    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch; default 8 "
-                        "(2 with --tiny)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch; default 8, "
+                        "4 with --lora (2 with --tiny)")
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -238,9 +339,9 @@ def main() -> None:
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    cfg = _config(args.tiny)
+    cfg = _config(args.tiny, args.lora)
     seq = args.seq_len or (64 if args.tiny else 2048)
-    micro = args.micro_batch or (2 if args.tiny else 8)
+    micro = args.micro_batch or (2 if args.tiny else 4 if args.lora else 8)
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     iters = args.iters or (2 if args.tiny else 10)
     device_name = torch.cuda.get_device_name(device) if use_cuda else "CPU"
@@ -253,6 +354,10 @@ def main() -> None:
         if not ok:
             compile_, compile_note = False, f"torch.compile unavailable ({reason}); the workload side runs eager"
             print(f"note: {compile_note}", flush=True)
+    if args.lora:
+        main_lora(args, device, cfg, seq=seq, micro=micro, warmup=warmup, iters=iters, compile_=compile_,
+                  compile_note=compile_note, catalog_gpu=catalog_gpu, peak=peak, device_name=device_name)
+        return
     planned = plan_prediction(cfg, seq=seq, micro=micro, accum=args.accumulation, ac=args.activation_checkpointing,
                               compile_=compile_, peak_tflops=catalog_gpu[1] if catalog_gpu else PLAN_TFLOPS)
     # After the plan (its fake process group is gone): one rank on an in-memory store, no port to collide.

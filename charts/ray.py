@@ -100,6 +100,8 @@ FLIGHT_RECORDER_ENV = {
 # installed from the runtime env at the version requirements.txt pins (what the tests ran). The
 # TensorBoard writer (tensorboardX) is a dependency of ray[train], so every Ray Train image has it.
 MLFLOW_CLIENT = "mlflow-skinny"
+# LoRA's adapters (job.method: lora); not in the image (aws/deep-learning-containers docker/ray-train/pyproject.toml).
+PEFT = "peft"
 REQUIREMENTS_FILE = REPO_ROOT / "requirements.txt"
 # The caching allocator otherwise carves fixed-size segments: FSDP's all-gather buffers and the
 # chunked loss's logits vary in size from call to call, and fragmentation then fails allocations
@@ -154,13 +156,15 @@ def pinned_requirement(name: str) -> str:
 def job_pip(config: ClusterConfig) -> list[str]:
     """pip requirements of the runtime env: `ray.extra_pip_packages`, then what the job's settings need.
 
-    The MLflow client only when `job.mlflow_tracking_uri` is set (and not already listed): the
-    default job installs nothing, so it starts without a pip step.
+    The MLflow client only when `job.mlflow_tracking_uri` is set, PEFT only when `job.method` is lora (each
+    unless already listed): the default job installs nothing, so it starts without a pip step.
     """
     pip = list(config.ray.extra_pip_packages)
     listed = {requirement_name(r) for r in pip}
     if config.job.mlflow_tracking_uri and requirement_name(MLFLOW_CLIENT) not in listed:
         pip.append(pinned_requirement(MLFLOW_CLIENT))
+    if config.job.method == "lora" and requirement_name(PEFT) not in listed:
+        pip.append(pinned_requirement(PEFT))
     return pip
 
 

@@ -28,8 +28,77 @@ SEQ_LEN_MAX = 2**20
 INT32_HOURS_MAX = INT32_MAX // 3600
 
 
+# The module names PEFT matches `target_modules` against are Python identifiers, optionally dotted
+# (a suffix of the module's qualified name: peft 0.21.2 tuners/tuners_utils.py `check_target_module_exists`).
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+# Every linear layer of a Qwen2/Llama decoder layer: attention projections and the SwiGLU MLP.
+LLAMA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Strict):
+    """Low-rank adapters (LoRA, Hu et al. 2021) as PEFT builds them; used when `job.method` is lora."""
+
+    rank: int = Field(
+        default=16, gt=0, le=1024,
+        description="Rank r of each adapter: A is r x in_features, B is out_features x r; trainable parameters "
+        "grow linearly with it.",
+        json_schema_extra=limit("peft LoraConfig(r) > 0; project bound 1024 (past the hidden size of the models "
+                                "planned here, LoRA is no longer low-rank)"),
+    )
+    alpha: float = Field(
+        default=32.0, gt=0, le=65536, allow_inf_nan=False,
+        description="LoRA alpha: the adapter's output is scaled by alpha / rank.",
+        json_schema_extra=limit("peft LoraConfig(lora_alpha); finite, positive; project bound"),
+    )
+    dropout: float = Field(
+        default=0.0, ge=0, lt=1, allow_inf_nan=False,
+        description="Dropout on the adapter's input (0: none; then every rank computes the same function).",
+        json_schema_extra=limit("torch.nn.Dropout(p): [0, 1)"),
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LLAMA_LINEAR_MODULES), min_length=1, max_length=64,
+        description="Module names (or dotted name suffixes) that get adapters; each must name at least one "
+        "linear layer of the model, which the plan and the workers check against the real architecture "
+        "(refused with the names that exist). Default: every linear layer of a Qwen2/Llama decoder layer.",
+        json_schema_extra=limit("peft LoraConfig(target_modules): suffixes of module names; the architecture's "
+                                "linear layers (plan, workers)"),
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(MODULE_NAME, name):
+                raise ValueError(f"'{name}' is not a module name; write names like "
+                                 f"{', '.join(LLAMA_LINEAR_MODULES[:3])} (letters, digits, _ and dots)")
+        duplicates = sorted({name for name in value if value.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"{', '.join(duplicates)} listed twice; list each module once")
+        return value
+
+
+class ExportConfig(_Strict):
+    """What the end of a run writes to the export location."""
+
+    merge: bool = Field(
+        default=True,
+        description="With job.method lora: also write the base model with the adapters merged in (W + "
+        "alpha/rank x B A), a plain Hugging Face model at the export location; the adapter folder (PEFT's format) "
+        "is always written, under adapter/. Full fine-tuning always exports the whole model.",
+    )
+
+
 class JobConfig(_Strict):
     """The fine-tuning job."""
+
+    method: Literal["full", "lora"] = Field(
+        default="full",
+        description="full: train every weight (fp32 master weights, 16 bytes a parameter sharded across the mesh); "
+        "lora: freeze the base model (bf16 on GPU) and train low-rank adapters only (job.lora). "
+        "`python -m workloads.plan` prices both and names LoRA when full fine-tuning does not fit.",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="The adapters, when job.method is lora.")
+    export: ExportConfig = Field(default_factory=ExportConfig, description="The final export.")
 
     model: str = Field(min_length=1, max_length=1024, pattern=NON_BLANK,
         default="Qwen/Qwen2.5-1.5B",

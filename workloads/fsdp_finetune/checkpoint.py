@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 TRAINER_FILE = "trainer_{rank}.pt"
+_OPTIONS = StateDictOptions(ignore_frozen_params=True)
 
 
 def tied_aliases(model) -> dict[str, str]:
@@ -57,7 +58,10 @@ def tied_aliases(model) -> dict[str, str]:
 
 def _model_state(model, optimizer) -> tuple[dict, dict, dict[str, str]]:
     """The (sharded) model and optimizer state, each tied weight once, and the aliases left out."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # Frozen parameters are left out: under LoRA (`lora.py`) the whole base model is frozen and comes from
+    # job.model again at resume, so a checkpoint holds the adapters and their AdamW state only; a full fine-tune
+    # has no frozen parameter, so nothing changes for it.
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
     aliases = tied_aliases(model)
     return {k: v for k, v in model_sd.items() if k not in aliases}, optim_sd, aliases
 
@@ -126,8 +130,13 @@ def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler
     model_sd, optim_sd, aliases = _model_state(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(directory))
-    state["model"].update({alias: state["model"][kept] for alias, kept in aliases.items()})  # strict load
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # strict load; a frozen tied weight (LoRA's base) is in neither
+    state["model"].update({alias: state["model"][kept] for alias, kept in aliases.items() if kept in state["model"]})
+    # With frozen parameters (LoRA) the model's own load_state_dict must not be strict: the frozen base is not in
+    # the checkpoint. dcp.load above is strict about every key the state dict asks for (the adapters) either way.
+    frozen = any(not p.requires_grad for p in model.parameters())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=not frozen))
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     saved_world = saved_world_size(directory)

@@ -589,14 +589,14 @@ def _main_local(args, config: ClusterConfig) -> int:
     if run_log.previous:
         print(f"the previous run's log is kept as {_shown(run_log.previous)}", flush=True)
     with Heartbeat("preparing the demo's tiny model, tokenizer and data"):
-        plan, assets = local_plan(args.output_dir, max_steps=args.max_steps)
+        plan, assets = local_plan(args.output_dir, max_steps=args.max_steps, **local_method(config))
     if args.storage_path:
         plan.storage_path = args.storage_path
     problems = validate_job(plan.job, world_size=plan.num_workers, source=LOCAL_SOURCE)
     refuse(problems or [p for p in [resume_problem(plan, source=LOCAL_SOURCE)] if p])
     out = Path(args.output_dir).resolve()
     done = latest_checkpoint_step(plan.storage_path, plan.job.run_name)
-    if done == plan.job.max_steps and (Path(plan.export_uri) / "config.json").exists():
+    if done == plan.job.max_steps and (Path(exported_model(plan)) / "config.json").exists():
         # A rerun on a finished folder would resume at the end and train nothing: say so instead.
         print(f"{_shown(out)} already holds a finished run ({done} of {plan.job.max_steps} steps); nothing to "
               f"train.\n{_outputs(out, plan)}\nto train again: make clean && make demo (or "
@@ -633,7 +633,7 @@ def _main_local(args, config: ClusterConfig) -> int:
     records = [r for r in rows if "loss" in r]
     held_out = [r for r in rows if "eval_loss" in r]
     with Heartbeat(f"evaluating the fine-tuned model on {len(assets.eval_records)} held-out questions"):
-        after = evaluate_dir(plan.export_uri, assets.eval_records, plan.job)
+        after = evaluate_dir(exported_model(plan), assets.eval_records, plan.job)
     summary = {
         "train_loss_first": records[0]["loss"] if records else None,
         "train_loss_last": records[-1]["loss"] if records else None,
@@ -666,6 +666,25 @@ def _main_local(args, config: ClusterConfig) -> int:
 SUMMARY_FILE = "summary.json"
 
 
+def local_method(config: ClusterConfig) -> dict:
+    """The variable file's training method for the local run (`job.method`, `job.lora`, `job.export`): the rest of
+    the local job is its own (`local_job`), but `--config config/examples/lora.yaml` trains LoRA adapters."""
+    job = config.job
+    if job.method == "full":
+        return {}
+    return {"method": job.method, "lora": job.lora.model_dump(), "export": job.export.model_dump()}
+
+
+def exported_model(plan: RunPlan) -> str:
+    """The folder `from_pretrained` loads the trained model from: the export, or under LoRA without a merged
+    model the adapter folder (transformers loads the base it names and the adapters through PEFT)."""
+    from workloads.fsdp_finetune.lora import ADAPTER_DIR
+
+    if plan.job.method == "lora" and not plan.job.export.merge:
+        return str(Path(plan.export_uri) / ADAPTER_DIR)
+    return plan.export_uri
+
+
 def _shown(path: Path) -> str:
     """`path` relative to the working directory when inside it (what a user typed), else absolute."""
     try:
@@ -680,7 +699,8 @@ def _outputs(out: Path, plan: RunPlan) -> str:
 
     return "\n".join([
         f"outputs in {_shown(out)}/:",
-        f"  model/          the fine-tuned model (transformers from_pretrained), from {plan.job.run_name}'s last step",
+        f"  model/          the fine-tuned model (transformers from_pretrained), from {plan.job.run_name}'s last step"
+        + (" (LoRA: the adapters in PEFT's format under model/adapter/)" if plan.job.method == "lora" else ""),
         f"  {LOSS_PLOT:<15} training and held-out loss, learning rate",
         "  metrics.jsonl   one row per report; TensorBoard events beside it",
         f"  {SUMMARY_FILE:<15} before/after exact match and loss, wall time",

@@ -86,17 +86,18 @@ def resolve_attn_implementation(requested: str, device: torch.device) -> str:
     return requested
 
 
-def build_model(path: str, *, attn_implementation: str, device: torch.device):
+def build_model(path: str, *, attn_implementation: str, device: torch.device, dtype: torch.dtype = torch.float32):
     """Load a causal LM from a local path with fp32 master weights (on CPU; sharding moves it).
 
     The fp32 copy is what the optimizer updates; on GPU the forward/backward run in bf16 through
     FSDP2's mixed-precision policy, so no precision is lost across many small updates (the
     walkthrough's pure-bf16 weights drop updates smaller than bf16's 8-bit mantissa can hold).
+    `dtype` bf16 is for a frozen base (LoRA, `lora.py`): nothing updates it, so no master copy is needed.
     """
     from transformers import AutoModelForCausalLM
 
     attn = resolve_attn_implementation(attn_implementation, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     # The KV cache is for generation; in training it only costs memory.
     model.config.use_cache = False
     # from_pretrained returns the model in eval mode, and Hugging Face layers only recompute under

@@ -131,7 +131,7 @@ def ring_bytes(kind: str, *, size_bytes: int, group_size: int) -> int:
 
 
 def cross_node_bytes_per_step(plan: MeshPlan, *, params: int, grad_accumulation: int, param_bytes: int,
-                              reduce_bytes: int, root_params: int = 0) -> int:
+                              reduce_bytes: int, root_params: int = 0, grad_params: int | None = None) -> int:
     """Per-rank bytes of one optimizer step's FSDP2 collectives whose process group spans nodes (ring model).
 
     `params` is the (padded) parameter count; `root_params` those of the root unit, which stays
@@ -140,16 +140,19 @@ def cross_node_bytes_per_step(plan: MeshPlan, *, params: int, grad_accumulation:
     and reduce-scatters, all across nodes when the job spans more than one; hybrid keeps those in
     the node and all-reduces each rank's 1/shard of the gradients across nodes once per step (on
     the last micro-batch). The step's scalar all-reduces (label count, loss, grad norm) are left out.
+    `grad_params` (default `params`) are those with gradients: under LoRA the adapters alone, so only they are
+    reduced, while every parameter is still gathered.
     """
+    grads = params if grad_params is None else grad_params
     if plan.nodes <= 1:
         return 0
     if plan.sharding == "full":
         g = plan.world_size
         gathered = params + (params - root_params)
         per_micro = (ring_bytes("all_gather", size_bytes=gathered * param_bytes, group_size=g)
-                     + ring_bytes("reduce_scatter", size_bytes=params * reduce_bytes, group_size=g))
+                     + ring_bytes("reduce_scatter", size_bytes=grads * reduce_bytes, group_size=g))
         return grad_accumulation * per_micro
-    shard_elems = params // plan.shard
+    shard_elems = grads // plan.shard
     return ring_bytes("all_reduce", size_bytes=shard_elems * reduce_bytes, group_size=plan.replicate)
 
 

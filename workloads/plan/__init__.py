@@ -69,7 +69,8 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
             activation_checkpointing: bool, bf16_tflops: float, network_gbps: float = 0.0,
             efficiency: float = DEFAULT_EFFICIENCY, reduce_dtype: str = "float32",
             reshard_after_forward: bool = True, limit_gib: float | None = None,
-            flops: tuple[float, float] | None = None) -> dict:
+            flops: tuple[float, float] | None = None, lora: dict | None = None,
+            search: bool | str = True) -> dict:
     """Memory, FLOPs and step time of one steady-state step of `arch` on `mesh` (`topology.MeshPlan`).
 
     No variable file needed (the GPU benchmark calls this for its own configuration). With
@@ -77,34 +78,56 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
     batch kept) and, when even one sequence is too many, `largest_seq_len` (halving). `flops` (executed,
     forward per micro-batch, from an earlier prediction of the same micro-batch) skips counting them again:
     they depend on the model and the micro-batch, not on the sharding, the GPU or the node count.
+    `lora` (`job.lora` as a dict) plans LoRA (`simulate.FakeJob`); `search=False` skips the search for what fits,
+    `search="micro_batch"` searches the micro-batch only (no shorter sequences).
+    When the persistent state alone exceeds `limit_gib`, no step is simulated (`state_exceeds_limit`).
     """
     from workloads.fsdp_finetune.topology import cross_node_bytes_per_step, padded_numel
-    from workloads.plan.simulate import FakeJob
+    from workloads.plan.simulate import FakeJob, StepMemory
 
     with FakeJob(arch, mesh_plan=mesh, activation_checkpointing=activation_checkpointing,
-                 reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward) as fake:
-        if flops is None:
+                 reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward, lora=lora) as fake:
+        floor = fake.state_floor()
+        out = {}
+        if limit_gib is not None and sum(floor.values()) > limit_gib * GIB:
+            # The persistent state alone does not fit: no step (and no smaller micro-batch or sequence) can, so
+            # none is simulated (a 64-layer model's fake step takes minutes of CPU). FLOPs from metrics.py's
+            # formula: forward 1/3 of 6N + 12LdT, recomputed once more under activation checkpointing.
+            from workloads.fsdp_finetune.metrics import flops_per_token
+
+            if flops is None:
+                forward_mb = flops_per_token(arch, seq_len) / 3 * micro_batch_size * seq_len
+                executed_mb = forward_mb * (4 if activation_checkpointing else 3)
+            else:
+                executed_mb, forward_mb = flops
+            state = floor
+            memory = StepMemory(peak=sum(floor.values()), by_category=dict(floor))
+            out = {"largest_micro_batch": 0, "largest_seq_len": 0, "state_exceeds_limit": True}
+        elif flops is None:
             executed_mb, forward_mb = fake.count_flops(micro_batch_size, seq_len)
         else:
             executed_mb, forward_mb = flops
             fake.warm_up(micro_batch_size, seq_len)
-        memory = fake.measure(micro_batch_size, seq_len, grad_accumulation)
-        state = fake.state_bytes()
-        out = {}
-        if limit_gib is not None and memory.peak > limit_gib * GIB:
+        if not out:
+            memory = fake.measure(micro_batch_size, seq_len, grad_accumulation)
+            state = fake.state_bytes()
+        if search and limit_gib is not None and memory.peak > limit_gib * GIB and not out:
             out = _largest_fitting(fake, limit_gib * GIB, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                   sequences=micro_batch_size * grad_accumulation, peak=memory.peak)
+                                   sequences=micro_batch_size * grad_accumulation, peak=memory.peak,
+                                   shorter=search != "micro_batch")
         params_comm = padded_numel(fake.param_shapes, mesh.shard)
         root_comm = padded_numel(fake.root_param_shapes, mesh.shard)
-        params = fake.params
+        grad_comm = padded_numel(fake.trainable_shapes, mesh.shard)
+        params, trainable = fake.params, fake.trainable
     compute_s = executed_mb * grad_accumulation / (efficiency * bf16_tflops * 1e12)
     cross_bytes = cross_node_bytes_per_step(mesh, params=params_comm, grad_accumulation=grad_accumulation,
                                             param_bytes=PARAM_BYTES, reduce_bytes=REDUCE_BYTES[reduce_dtype],
-                                            root_params=root_comm)
+                                            root_params=root_comm, grad_params=grad_comm)
     # All ranks of a node send through its one network link at once.
     network_s = cross_bytes * mesh.ranks_per_node * 8 / (network_gbps * 1e9) if cross_bytes else 0.0
     return {
         "params": params,
+        "trainable_params": trainable,
         "peak_bytes": memory.peak,
         "peak_by_category_bytes": memory.by_category,
         "state_bytes": state,
@@ -121,7 +144,7 @@ def predict(arch, mesh, *, micro_batch_size: int, seq_len: int, grad_accumulatio
 
 
 def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: float = RESERVE_GIB,
-              flops: tuple[float, float] | None = None, search_smaller: bool = True, online: bool = False,
+              flops: tuple[float, float] | None = None, search_smaller: bool | str = True, online: bool = False,
               token: str | None = None) -> dict:
     """The plan of `config`'s job as one JSON-ready dict; raise `PlanRefusal` when it does not fit.
 
@@ -140,10 +163,15 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
     hw = hardware(config)
     accum = config.grad_accumulation
     limit_gib = hw.visible_memory_gib - reserve_gib
+    lora = job.lora.model_dump() if job.method == "lora" else None
+    if lora:
+        from workloads.fsdp_finetune.lora import check_targets
+
+        check_targets(arch, lora["target_modules"], job.model)  # LoraTargetError: before any simulation
     step = predict(arch, mesh, micro_batch_size=job.micro_batch_size, seq_len=job.seq_len, grad_accumulation=accum,
                    activation_checkpointing=job.activation_checkpointing, bf16_tflops=hw.bf16_tflops,
                    network_gbps=hw.network_gbps, efficiency=efficiency, reduce_dtype=job.reduce_dtype,
-                   limit_gib=limit_gib if search_smaller else None, flops=flops)
+                   limit_gib=limit_gib, search=search_smaller, flops=flops, lora=lora)
     world = mesh.world_size
     tokens_per_step = job.global_batch_size * job.seq_len
     formula_flops = metrics.flops_per_token(arch, job.seq_len) * tokens_per_step
@@ -154,6 +182,9 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "model": job.model,
         "architecture_source": source,
         "params": step["params"],
+        "method": job.method,
+        "lora": {k: lora[k] for k in ("rank", "alpha", "target_modules")} if lora else None,
+        "trainable_params": step["trainable_params"],
         "world_size": world,
         "nodes": mesh.nodes,
         "ranks_per_node": mesh.ranks_per_node,
@@ -198,7 +229,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "plan_seconds": round(time.perf_counter() - started, 1),
     }
     if not plan["fits"]:
-        for key in ("largest_micro_batch", "largest_seq_len"):
+        for key in ("largest_micro_batch", "largest_seq_len", "state_exceeds_limit"):
             if key in step:
                 plan[key] = step[key]
         raise PlanRefusal(*_refusal(plan, job, reserve_gib), plan)
@@ -206,7 +237,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
 
 
 def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int, sequences: int,
-                     peak: int) -> dict:
+                     peak: int, shorter: bool = True) -> dict:
     """The largest micro-batch that fits at `seq_len` ({"largest_micro_batch": n}), else the largest
     `seq_len` (halving) that fits one sequence ({"largest_micro_batch": 0, "largest_seq_len": n}).
 
@@ -229,6 +260,8 @@ def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int,
                 break
             best -= 1
         return {"largest_micro_batch": best}
+    if not shorter:
+        return {"largest_micro_batch": 0}
     seq = seq_len // 2
     while seq >= MIN_SEQ_LEN and peak_at(1, seq) > limit:
         seq //= 2
@@ -241,6 +274,13 @@ def _refusal(plan: dict, job, reserve_gib: float) -> tuple[str, str]:
             f"limit ({plan['gpu']} {plan['gpu_memory_gib']:.1f} GiB less {reserve_gib:g} GiB reserved for the CUDA "
             f"context, NCCL buffers and allocator fragmentation)")
     hint = "" if job.activation_checkpointing else "; or set job.activation_checkpointing: true"
+    if plan.get("state_exceeds_limit"):
+        what = ("frozen bf16 base, fp32 adapters, their gradients and AdamW moments" if plan["method"] == "lora"
+                else "fp32 parameters, gradients and AdamW moments: 16 bytes a parameter")
+        return "method" if plan["method"] == "full" else "model", (
+            f"{head}; the persistent state alone is {plan['state_gib_per_gpu']:.1f} GiB per GPU ({what}, sharded "
+            f"{plan['shard_group_size']} ways), so no micro-batch or sequence length fits: train LoRA adapters "
+            f"(job.method: lora), or shard over more GPUs or bigger ones (the suggestions below)")
     best = plan.get("largest_micro_batch", 0)
     if best:
         return "micro_batch_size", (
@@ -259,6 +299,10 @@ def render(plan: dict, file: str) -> str:
     gib = lambda v: f"{v:7.2f} GiB"  # noqa: E731
     lines = [
         f"{file}: {p['model']} ({p['params']:,} parameters; architecture from {p['architecture_source']})",
+        (f"  method     LoRA rank {p['lora']['rank']} (alpha {p['lora']['alpha']:g}) on "
+         f"{', '.join(p['lora']['target_modules'])}: {p['trainable_params']:,} trainable parameters "
+         f"({p['trainable_params'] / p['params']:.2%}), frozen base in bf16" if p["method"] == "lora"
+         else f"  method     full fine-tuning: all {p['trainable_params']:,} parameters train (fp32 master weights)"),
         f"  job        {p['world_size']} GPUs ({p['nodes']} nodes x {p['ranks_per_node']} {p['gpu']}), sharding "
         f"{p['sharding']} (shard group {p['shard_group_size']}), micro-batch {p['micro_batch_size']} x "
         f"{p['seq_len']} tokens, {p['grad_accumulation']} accumulation steps, activation checkpointing "
@@ -273,8 +317,12 @@ def render(plan: dict, file: str) -> str:
     lines += [
         f"    {'peak':22s}{gib(p['peak_gib_per_gpu'])}   limit {p['limit_gib']:.2f} GiB ({p['gpu']} "
         f"{p['gpu_memory_gib']:.2f} GiB less {p['reserve_gib']:g} GiB reserve): {verdict}",
-        f"    {'state':22s}{gib(p['state_gib_per_gpu'])}   fp32 parameters + gradients + AdamW moments, "
-        f"sharded {p['shard_group_size']} ways",
+        f"    {'state':22s}{gib(p['state_gib_per_gpu'])}   "
+        + ("bf16 frozen base + fp32 adapters, their gradients and AdamW moments" if p["method"] == "lora"
+           else "fp32 parameters + gradients + AdamW moments")
+        + f", sharded {p['shard_group_size']} ways"
+        + (" (the state alone exceeds the limit: no step simulated, FLOPs from the formula)"
+           if p.get("state_exceeds_limit") else ""),
         f"  FLOPs/step {p['flops_per_step']:.3e} executed (FlopCounterMode, recomputation included); model FLOPs "
         f"{p['model_flops_per_step_counted']:.3e} counted (3 x forward) vs {p['model_flops_per_step_formula']:.3e} "
         f"metrics.py (6N + 12LdT), ratio {p['counted_over_formula']:.4f}",

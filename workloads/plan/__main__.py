@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit 0 with the plan; 2 when the job does not fit (or the file or the model is unusable)."""
     from config.cli import add_file_argument, chosen_file
     from config.loader import load_or_exit, resolve_path
+    from workloads.fsdp_finetune.lora import LoraTargetError
     from workloads.plan.architectures import ArchitectureError
 
     parser = argparse.ArgumentParser(prog="python -m workloads.plan", description=__doc__.split(":")[0])
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except ArchitectureError as exc:
         print(f"{file}: job.model: {exc}", file=sys.stderr)
         return 0 if args.skip_unknown else 2
+    except LoraTargetError as exc:
+        print(f"{file}: job.lora.target_modules: {exc}", file=sys.stderr)
+        return 2
     except PlanRefusal as refusal:
         from workloads.plan import suggest
 

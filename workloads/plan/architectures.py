@@ -33,6 +33,17 @@ KNOWN: dict[str, dict] = {
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                        max_position_embeddings=131072, tie_word_embeddings=False, rope_theta=1000000.0,
                        rms_norm_eps=1e-6),
+    # Qwen/Qwen2.5-14B and Qwen/Qwen2.5-32B config.json (base models; the -Instruct variants differ only in
+    # max_position_embeddings 32768 and rms_norm_eps 1e-6, neither of which changes a shape or a step's memory).
+    # Model cards: 14.7B parameters, 48 layers, 40 query / 8 KV heads; 32.5B, 64 layers, 40 / 8; context 131,072.
+    "qwen2.5-14b": dict(model_type="qwen2", hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=131072, tie_word_embeddings=False, rope_theta=1000000.0,
+                        rms_norm_eps=1e-5),
+    "qwen2.5-32b": dict(model_type="qwen2", hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                        max_position_embeddings=131072, tie_word_embeddings=False, rope_theta=1000000.0,
+                        rms_norm_eps=1e-5),
     "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
                          max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,

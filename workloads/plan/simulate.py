@@ -100,7 +100,7 @@ class FakeJob(contextlib.AbstractContextManager):
     """The job's model, sharded, and its optimizer, on fake tensors; `with FakeJob(...) as job:`."""
 
     def __init__(self, arch, *, mesh_plan, activation_checkpointing: bool, reduce_dtype: str = "float32",
-                 reshard_after_forward: bool = True, grad_clip: float = 1.0):
+                 reshard_after_forward: bool = True, grad_clip: float = 1.0, lora: dict | None = None):
         from workloads.fsdp_finetune.topology import build_mesh
 
         self.arch = arch
@@ -108,6 +108,7 @@ class FakeJob(contextlib.AbstractContextManager):
         self.activation_checkpointing = activation_checkpointing
         self.reduce_dtype = reduce_dtype
         self.reshard_after_forward = reshard_after_forward
+        self.lora = lora
         self.grad_clip = grad_clip
         init_fake_process_group(mesh_plan.world_size)
         self.mesh = build_mesh(mesh_plan, "cpu")  # outside FakeTensorMode, see the module doc
@@ -117,6 +118,8 @@ class FakeJob(contextlib.AbstractContextManager):
         self.params = self.root_params = 0
         self.param_shapes: list[tuple[int, ...]] = []
         self.root_param_shapes: list[tuple[int, ...]] = []
+        self.trainable_shapes: list[tuple[int, ...]] = []
+        self.trainable = 0
 
     def __enter__(self) -> FakeJob:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -140,9 +143,18 @@ class FakeJob(contextlib.AbstractContextManager):
         from workloads.fsdp_finetune.model import decoder_layers, shard_model
         from workloads.fsdp_finetune.train import build_optimizer
 
+        # LoRA (`lora.apply_lora`, as `train.build_sharded_model` on GPU): a frozen bf16 base, fp32 adapters.
+        dtype = torch.bfloat16 if self.lora else torch.float32
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.arch, dtype=torch.float32, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_config(self.arch, dtype=dtype, attn_implementation="sdpa")
         model.config.use_cache = False
+        if self.lora:
+            from workloads.fsdp_finetune.lora import apply_lora
+
+            with torch.device("meta"):  # the adapters beside their base layers (PEFT moves them there otherwise)
+                apply_lora(model, self.lora, seed=0, model_name=getattr(self.arch, "_name_or_path", None) or None)
+        self.trainable_shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         layer_params = {id(p) for p in decoder_layers(model).parameters()}
         self.param_shapes = [tuple(p.shape) for p in model.parameters()]
         self.root_param_shapes = [tuple(p.shape) for p in model.parameters() if id(p) not in layer_params]
@@ -229,6 +241,15 @@ class FakeJob(contextlib.AbstractContextManager):
         named = {str(getattr(k, "value", k)): v for k, v in snapshot.items()}
         by_category = {name: sum(named.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}
         return StepMemory(peak=int(named["Total"]), by_category=by_category)
+
+    def state_floor(self) -> dict[str, int]:
+        """This rank's persistent state as it will be after the first step, from the shards alone (no step run):
+        its parameter shards, and for each trainable one a gradient and AdamW's two moments of the same size and
+        dtype. A step's peak is at least this; when this alone exceeds the GPU, no step needs simulating."""
+        params = sum(_local(p).numel() * _local(p).element_size() for p in self.model.parameters())
+        trainable = sum(_local(p).numel() * _local(p).element_size() for p in self.model.parameters()
+                        if p.requires_grad)
+        return {"parameters": params, "gradients": trainable, "optimizer state": 2 * trainable}
 
     def state_bytes(self) -> dict[str, int]:
         """This rank's persistent training state, bytes: its shards of the fp32 parameters, of their

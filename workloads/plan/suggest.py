@@ -1,7 +1,8 @@
 """What could work instead, when the job does not fit: each change planned the same way, with its peak and cost.
 
 In the order a user would try them, cheapest to the job first: full sharding (same hardware, state spread
-over every GPU), more nodes (twice the GPUs, fully sharded), a bigger GPU from the catalog (the cheapest
+over every GPU), more nodes (twice the GPUs, fully sharded), LoRA instead of a full fine-tune (same hardware,
+the file's job.lora; with full sharding too when the file shards hybrid), a bigger GPU from the catalog (the cheapest
 per GPU-hour among those with more memory), then a smaller micro-batch or
 sequence (which changes the job itself). Each candidate is a whole variable file that the loader accepts
 (a change it would refuse is not offered), planned without counting FLOPs again where they cannot change.
@@ -57,6 +58,18 @@ def candidates(config: ClusterConfig, plan: dict) -> Iterator[tuple[str, Cluster
         full = ", job.sharding: full" if plan["sharding"] == "hybrid" else ""
         yield f"nodes ({nodes}){full}; job.global_batch_size: {data['job']['global_batch_size']}", changed, True
 
+    # LoRA on the same hardware (`job.method: lora`): the base frozen in bf16 and only adapters trained, which is
+    # what puts a model whose full fine-tune needs twice the GPUs on these ones. Its FLOPs differ (no weight
+    # gradients for the frozen base), so they are counted again.
+    if plan.get("method", "full") == "full":
+        rank = base["job"]["lora"]["rank"]
+        tries = [("", {})] + ([(", job.sharding: full", {"sharding": "full"})] if plan["sharding"] == "hybrid" else [])
+        for extra, update in tries:
+            data = copy.deepcopy(base)
+            data["job"].update(method="lora", **update)
+            if (changed := _load(data)) is not None:
+                yield f"job.method: lora (job.lora.rank: {rank}){extra}", changed, False
+
     catalog = load_catalog()
     current = min(config.instance(g).gpu_visible_memory_mib for g in config.cluster.worker_groups)
     efa = config.nccl.transport == "efa"
@@ -98,12 +111,25 @@ def suggest(config: ClusterConfig, plan: dict, **plan_kwargs) -> list[dict]:
     from workloads.plan import PlanRefusal, make_plan
 
     out = []
+    lora_flops = None  # LoRA's FLOPs per micro-batch depend on the model and micro-batch, not on the sharding
     for change, changed, same_flops in candidates(config, plan):
         flops = tuple(plan["flops_per_micro_batch"]) if same_flops and "flops_per_micro_batch" in plan else None
+        lora = change.startswith("job.method: lora")
+        if lora:
+            flops = lora_flops
         try:
-            result = make_plan(changed, flops=flops, search_smaller=False, **plan_kwargs)
+            # LoRA is the one change that may fit only with a smaller micro-batch too: that is searched for
+            # (not shorter sequences, which change the data).
+            result = make_plan(changed, flops=flops, search_smaller="micro_batch" if lora else False, **plan_kwargs)
         except PlanRefusal as refusal:
             result = refusal.plan
+            if lora and not result.get("state_exceeds_limit"):
+                lora_flops = tuple(result["flops_per_micro_batch"])
+            if lora and result.get("largest_micro_batch", 0):
+                change, result = _lora_smaller_batch(changed, change, result, **plan_kwargs)
+        else:
+            if lora:
+                lora_flops = tuple(result["flops_per_micro_batch"])
         out.append({"change": change, "fits": result["fits"], "peak_gib_per_gpu": result["peak_gib_per_gpu"],
                     "limit_gib": result["limit_gib"], "cost_per_hour_usd": result["cost_per_hour_usd"],
                     "run_hours": result["run_hours"], "run_cost_usd": result["run_cost_usd"]})
@@ -120,3 +146,26 @@ def render(suggestions: list[dict]) -> str:
         lines.append(f"    {s['change']}: peak {s['peak_gib_per_gpu']:.1f} of {s['limit_gib']:.1f} GiB, {verdict}; "
                      f"{s['run_hours']:.2f} h, ${s['run_cost_usd']:,.2f} (${s['cost_per_hour_usd']:.2f}/h)")
     return "\n".join(lines)
+
+
+def _lora_smaller_batch(config: ClusterConfig, change: str, refused: dict, **plan_kwargs) -> tuple[str, dict]:
+    """A LoRA candidate at the largest micro-batch its plan found to fit, planned again (the global batch rounded
+    up as the loader requires). FLOPs per sequence do not depend on the micro-batch, so they are scaled, not
+    counted again."""
+    from workloads.plan import PlanRefusal, make_plan
+
+    best = refused["largest_micro_batch"]
+    data = config.model_dump(mode="json", exclude_none=False)
+    data["job"]["micro_batch_size"] = best
+    _fit_batch(data, config.world_size)
+    changed = _load(data)
+    if changed is None:
+        return change, refused
+    scale = best / refused["micro_batch_size"]
+    flops = tuple(f * scale for f in refused["flops_per_micro_batch"])
+    try:
+        result = make_plan(changed, flops=flops, search_smaller=False, **plan_kwargs)
+    except PlanRefusal as refusal:
+        result = refusal.plan
+    return (f"{change}, job.micro_batch_size: {best}; job.global_batch_size: {data['job']['global_batch_size']}",
+            result)
