@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: ec2-test setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools prometheus
@@ -145,3 +145,9 @@ $(PYARROW_OLDEST_VENV)/.installed: requirements-pyarrow-oldest.txt
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache
+
+# The EC2 target's `ray up` tier alone (tests/test_ec2_rayup.py, docs/ec2.md "The ray up tier"): Ray's own
+# `ray up`/`exec`/`job submit`/`down` against namespace hosts with real sshd and dockerd. Root, with docker.io,
+# openssh-server, openssh-client, rsync, debootstrap and iproute2 installed (.ci/run installs them).
+ec2-test: tools
+	$(PY) -m pytest -q -m ec2_tier tests/test_ec2_rayup.py
