@@ -115,6 +115,10 @@ class Ec2ClusterStack(cdk.Stack):
             self.secret.grant_read(role)
         return role
 
+    @staticmethod
+    def _has_spot(config: ClusterConfig) -> bool:
+        return any(group.capacity == "spot" for group in config.cluster.worker_groups)
+
     def _grant_autoscaler(self, config: ClusterConfig) -> None:
         """What Ray's autoscaler on the head calls (ray/autoscaler/_private/aws/node_provider.py, ray 2.58.0:
         describe_instances, create_instances with TagSpecifications, create_tags, terminate_instances), scoped
@@ -140,6 +144,10 @@ class Ec2ClusterStack(cdk.Stack):
                 f"{arn}:key-pair/{_KEY_PAIR_PATTERN}",
                 f"{arn}:network-interface/*",
                 f"{arn}:volume/*",
+                # A spot group's RunInstances (InstanceMarketOptions: spot) also creates a spot instance request,
+                # which IAM authorizes as its own resource (EC2 API reference, "Actions, resources, and condition
+                # keys for Amazon EC2": RunInstances, spot-instances-request); without it the launch is denied.
+                *([f"{arn}:spot-instances-request/*"] if self._has_spot(config) else []),
             ]),
             iam.PolicyStatement(sid="TagOnLaunch", actions=["ec2:CreateTags"], resources=[instances],
                                 conditions={"StringEquals": {"ec2:CreateAction": "RunInstances",
@@ -168,5 +176,7 @@ class Ec2ClusterStack(cdk.Stack):
                  "created by `ray up` on the user's machine."),
                 ("network-interface/*", "The EFA and ENA interfaces RunInstances creates for the worker; EC2 names "
                  "them at launch."),
-                ("volume/*", "The root volume RunInstances creates for the worker; EC2 names it at launch.")):
+                ("volume/*", "The root volume RunInstances creates for the worker; EC2 names it at launch."),
+                *((("spot-instances-request/*", "The spot request RunInstances creates for a spot worker; EC2 "
+                    "names it at launch."),) if self._has_spot(config) else ())):
             acknowledge(self.head_role, f"AwsSolutions-IAM5[Resource::{region}:{resource}]", why)

@@ -264,6 +264,10 @@ class Lab:
             sh("ip", "netns", "del", name, check=False)
         self.made_links.clear()
         self.made_netns.clear()
+        if not any(h.pids() for h in self.hosts if h.net_inode):
+            import shutil
+
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _alive(pidfile: Path) -> bool:
