@@ -112,7 +112,11 @@ def _env_options(env: dict[str, str]) -> list[str]:
 
 def _initialization_commands(config: ClusterConfig, outputs: dict[str, str]) -> list[str]:
     """Host commands before `docker run`: docker if absent, the Ray token into a root-only env file."""
-    commands = ["command -v docker >/dev/null || { sudo dnf install -y docker && sudo systemctl enable --now docker; }",
+    # The DLAMI (workers) has docker with ec2-user allowed; the head's plain AL2023 gets it here. Ray runs
+    # `docker` without sudo over a reused SSH connection, so the socket's ACL admits ec2-user at once (the group
+    # takes effect only at the next login).
+    commands = ["command -v docker >/dev/null || { sudo dnf install -y docker && sudo systemctl enable --now docker "
+                "&& sudo usermod -aG docker $USER && sudo setfacl -m u:$USER:rw /var/run/docker.sock; }",
                 host_tools_command()]
     if config.ray.auth == "token":
         read = (f"aws secretsmanager get-secret-value --region {config.region} --secret-id "
@@ -230,7 +234,7 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
         HEAD_TYPE: {
             "node_config": {
                 "InstanceType": config.ec2.head_instance_type,
-                "ImageId": outputs["ImageId"],
+                "ImageId": outputs["HeadImageId"],
                 "IamInstanceProfile": {"Arn": outputs["HeadInstanceProfileArn"]},
                 "SubnetIds": [outputs["SubnetId"]],
                 "SecurityGroupIds": [outputs["SecurityGroupId"]],

@@ -17,7 +17,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from config import ClusterConfig
-from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
+from config.ec2 import DLAMI_SSM_PARAMETER, HEAD_AMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
 from stacks.nag import acknowledge, checkov_skip, finding_partition, managed_policy
 from stacks.storage import grant_job_access
 
@@ -55,6 +55,9 @@ class Ec2ClusterStack(cdk.Stack):
 
         self.image = ec2.MachineImage.from_ssm_parameter(DLAMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX)
         self.image_id = self.image.get_image(self).image_id
+        # The head trains nothing: plain AL2023, not the GPU DLAMI (config/ec2.py HEAD_AMI_SSM_PARAMETER).
+        self.head_image_id = ec2.MachineImage.from_ssm_parameter(
+            HEAD_AMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX).get_image(self).image_id
 
         self.secret: secretsmanager.Secret | None = None
         if config.ray.auth == "token":
@@ -92,6 +95,7 @@ class Ec2ClusterStack(cdk.Stack):
             "AvailabilityZone": az,
             "PlacementGroupName": self.placement_group.ref,
             "ImageId": self.image_id,
+            "HeadImageId": self.head_image_id,
             "AuthTokenSecretArn": self.secret.secret_arn if self.secret else "none",
             "BucketName": bucket.bucket_name,
             "CheckpointUri": config.checkpoint_uri(bucket.bucket_name),

@@ -695,3 +695,40 @@ def test_an_unreadable_token_secret_stops_the_node_setup_with_the_secret_named(t
     assert proc.returncode == 0, proc.stderr
     assert env_file.read_text() == "RAY_AUTH_MODE=token\nRAY_AUTH_TOKEN=s3cret\n"
     assert env_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_cpu_head_boots_plain_al2023_and_the_workers_the_gpu_dlami():
+    launcher = rendered(load_config())
+    assert launcher["available_node_types"][HEAD_TYPE]["node_config"]["ImageId"] == fixture_outputs()["HeadImageId"]
+    assert launcher["available_node_types"]["gpu"]["node_config"]["ImageId"] == fixture_outputs()["ImageId"]
+
+
+@pytest.mark.slow
+def test_head_image_comes_from_the_al2023_ssm_parameter(ec2_synth):
+    from config.ec2 import HEAD_AMI_SSM_PARAMETER
+
+    template = ec2_synth[1]["ec2"]
+    parameter = next(k for k, v in template["Parameters"].items() if v.get("Default") == HEAD_AMI_SSM_PARAMETER)
+    assert template["Outputs"]["HeadImageId"]["Value"] == {"Ref": parameter}
+
+
+@pytest.fixture(scope="module")
+def ec2_spot_synth(tmp_path_factory):
+    from stacks import build
+
+    out = tmp_path_factory.mktemp("ec2-spot-synth")
+    config = with_target(load_config(EXAMPLES / "spot.yaml"), "ec2")
+    app = cdk_app(outdir=str(out))
+    build(app, config, nag=True)
+    app.synth()
+    return {name: json.loads((out / f"{config.cluster.name}-{name}.template.json").read_text())
+            for name in ("network", "storage", "ec2")}
+
+
+@pytest.mark.slow
+def test_spot_workers_may_be_launched_with_their_spot_request(ec2_spot_synth, ec2_synth):
+    # IAM authorizes a spot RunInstances on the spot-instances-request it creates too (EC2's service
+    # authorization reference); the on-demand default file needs no such grant.
+    spot = json.dumps(_head_statements(ec2_spot_synth)["LaunchWith"]["Resource"])
+    assert ":spot-instances-request/*" in spot
+    assert "spot-instances-request" not in json.dumps(_head_statements(ec2_synth[1])["LaunchWith"]["Resource"])
