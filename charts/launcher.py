@@ -389,7 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--deployed", action="store_true",
                         help="read the deployed <cluster>-network and <cluster>-ec2 stacks' outputs (CloudFormation)")
     rend.add_argument("--out-dir", type=Path, default=OUT_DIR, help=f"where to write (default: {OUT_DIR})")
+    upp = sub.add_parser("up", help="`ray up` the rendered YAML within job.start_deadline_minutes; on a failure or "
+                         "the deadline, `ray down` and say what to fix (charts/launcher_up.py)")
+    add_file_argument(upp)
+    upp.add_argument("--yaml", type=Path, default=OUT_DIR / "cluster.yaml",
+                     help=f"the launcher YAML (default: {OUT_DIR / 'cluster.yaml'})")
     args = parser.parse_args(argv)
+    if args.command == "up":
+        from charts.launcher_up import up
+
+        config = load_or_exit(resolve_path(chosen_file(upp, args)))
+        return up(args.yaml, deadline_minutes=config.job.start_deadline_minutes)
     config_file = resolve_path(chosen_file(rend, args))
     config = load_or_exit(config_file)
     try:

@@ -30,7 +30,7 @@ from config.efa import efa_interface_layout
 from config.target import with_target
 from tests.helpers import EXAMPLES, REPO, cdk_app, load_variant, write_variant
 
-FIXTURE = REPO / "tests" / "fixtures" / "ec2_stack_outputs.json"
+FIXTURE = REPO / "config" / "examples" / "ec2-outputs.json"
 
 
 def fixture_outputs() -> dict[str, str]:

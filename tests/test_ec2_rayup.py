@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
 
 import pytest
 
@@ -57,7 +58,9 @@ def test_the_stand_in_lacks_rsync_and_ssh_as_the_dlc_does(tier):
 
 
 def test_ray_up_starts_the_head_alone(tier):
+    start = time.monotonic()
     tier.ray("up", "-y", "--no-config-cache", str(tier.yaml))
+    print(f"ray up (head alone): {time.monotonic() - start:.0f} s")
     assert tier.cloud.running() == {"head": "head"}
     head, worker = tier.lab.hosts
     assert head.containers() == ["ray_container"]
@@ -69,7 +72,9 @@ def test_ray_up_starts_the_head_alone(tier):
 
 
 def test_gpu_demand_makes_the_autoscaler_start_the_worker(tier):
+    start = time.monotonic()
     out = tier.ray("exec", str(tier.yaml), "python /opt/ec2-tier/probe.py gpu-task")
+    print(f"GPU task until it ran on the worker the autoscaler started: {time.monotonic() - start:.0f} s")
     worker = tier.lab.hosts[1]
     assert _json_line(out.stdout) == {"node_ip": worker.ip}
     assert tier.cloud.running() == {"head": "head", "gpu": "worker"}
@@ -90,6 +95,103 @@ def test_ray_job_submit_runs_on_the_cluster(tier):
 
 
 def test_ray_down_removes_every_container(tier):
+    start = time.monotonic()
     tier.ray("down", "-y", str(tier.yaml))
+    print(f"ray down: {time.monotonic() - start:.0f} s")
     assert tier.cloud.running() == {}
     assert [h.containers() for h in tier.lab.hosts] == [[], []]
+
+
+# ---- bad input and the start deadline: `python -m charts.launcher up` (charts/launcher_up.py) --------------
+# Each ends non-zero with one message naming what to fix, and leaves no instance (no container) running.
+
+def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None):
+    import subprocess
+    import sys
+
+    from tests.helpers import write_variant
+
+    config_file = write_variant(tier.work, {"job": {"start_deadline_minutes": deadline_minutes}},
+                                name=f"deadline-{deadline_minutes:g}.yaml")
+    from tests.ec2_tier.tier import REPO
+
+    env = tier.env()
+    env["PYTHONPATH"] = f"{REPO}:{env['PYTHONPATH']}"
+    proc = subprocess.run([sys.executable, "-m", "charts.launcher", "up", str(config_file), "--yaml",
+                           str(yaml_path or tier.yaml)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900, stdin=subprocess.DEVNULL)
+    return proc, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+
+
+def _nothing_running(tier) -> None:
+    assert tier.cloud.running() == {}
+    assert [h.containers() for h in tier.lab.hosts] == [[], []]
+
+
+def test_a_wrong_key_path_is_refused_before_anything_starts(tier, tmp_path):
+    broken = dict(tier.yaml_data, auth={**tier.yaml_data["auth"], "ssh_private_key": str(tmp_path / "no-such-key")})
+    path = tmp_path / "wrong-key.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(broken))
+    calls = len(tier.cloud.calls)
+    proc, message = _launcher_up(tier, yaml_path=path)
+    assert proc.returncode == 2
+    assert "auth.ssh_private_key" in message and "no-such-key" in message and "does not exist" in message
+    assert len(tier.cloud.calls) == calls  # nothing launched
+    _nothing_running(tier)
+
+
+def test_no_capacity_stops_ray_up_at_once_and_leaves_nothing_running(tier):
+    tier.cloud.capacity_shortage = True
+    try:
+        proc, message = _launcher_up(tier)
+    finally:
+        tier.cloud.capacity_shortage = False
+    assert proc.returncode == 3, proc.stdout[-3000:]
+    assert "no EC2 capacity" in message and "terminated (`ray down`)" in message
+    _nothing_running(tier)
+
+
+def test_an_sshd_that_refuses_the_key_stops_ray_up_naming_the_key(tier):
+    head = tier.lab.hosts[0]
+    keys = head.dir / "authorized_keys"
+    good = keys.read_text()
+    from tests.ec2_tier.hosts import sh
+
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tier.work / "other-key"))
+    keys.write_text((tier.work / "other-key.pub").read_text())
+    try:
+        proc, message = _launcher_up(tier)
+    finally:
+        keys.write_text(good)
+    assert proc.returncode == 3, proc.stdout[-3000:]
+    assert "sshd refused the key" in message and "Permission denied (publickey" in message
+    _nothing_running(tier)
+
+
+def test_a_docker_daemon_that_is_not_running_stops_ray_up_naming_it(tier):
+    head = tier.lab.hosts[0]
+    tier.lab.stop_dockerd(head)
+    try:
+        proc, message = _launcher_up(tier)
+    finally:
+        tier.lab.start_dockerd(head)
+    assert proc.returncode == 3, proc.stdout[-3000:]
+    assert "Docker daemon is not running" in message
+    _nothing_running(tier)
+
+
+def test_a_head_that_never_answers_ssh_ends_ray_up_at_the_start_deadline(tier):
+    head = tier.lab.hosts[0]
+    tier.lab.stop_sshd(head)
+    start = time.monotonic()
+    try:
+        proc, message = _launcher_up(tier, deadline_minutes=0.5)
+    finally:
+        tier.lab.start_sshd(head)
+    took = time.monotonic() - start
+    assert proc.returncode == 3, proc.stdout[-3000:]
+    assert "did not finish within job.start_deadline_minutes (0.5 min)" in message
+    print(f"stopped and cleaned up {took:.0f} s after the start (deadline 30 s)")
+    _nothing_running(tier)

@@ -61,6 +61,8 @@ class Host:
     data_root: Path
     sshd: subprocess.Popen | None = None
     net_inode: int = 0
+    dockerd_cmd: str = ""
+    sshd_cmd: str = ""
     log: list[str] = field(default_factory=list)
 
     @property
@@ -178,11 +180,9 @@ class Lab:
             "--ip-masq=false", "--userland-proxy=false", f"--data-root={host.data_root}",
             "--exec-root=/run/docker-exec", "-H", "unix:///run/docker.sock", "-H", f"unix://{host.docker_sock}",
             f"--pidfile={d}/dockerd.pid"])
-        return " && ".join([
-            "set -e", *mounts,
-            f"(setsid {dockerd} >{d}/dockerd.log 2>&1 &)",
-            f"exec /usr/sbin/sshd -D -e -f {d}/sshd_config",
-        ])
+        host.dockerd_cmd = f"(setsid {dockerd} >>{d}/dockerd.log 2>&1 &)"
+        host.sshd_cmd = f"exec /usr/sbin/sshd -D -e -f {d}/sshd_config"
+        return " && ".join(["set -e", *mounts, host.dockerd_cmd, host.sshd_cmd])
 
     def _start_host(self, host: Host, shim_dir: Path | None) -> None:
         script = self._files(host, shim_dir)
@@ -252,6 +252,51 @@ class Lab:
         if host.sshd is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 host.sshd.wait(timeout=5)
+
+    # ---- failures for the bad-input tests: one daemon down, then back (the other keeps the mount namespace) --
+    def _in_host(self, host: Host, anchor_pid: int, script: str, log: str) -> subprocess.Popen:
+        with open(host.dir / log, "ab") as out:
+            return subprocess.Popen(["nsenter", f"--net=/var/run/netns/{host.netns}",
+                                     f"--mount=/proc/{anchor_pid}/ns/mnt", "sh", "-c", script],
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def dockerd_pid(self, host: Host) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((host.dir / "dockerd.pid").read_text())
+            os.kill(pid, 0)
+            return pid
+        return None
+
+    def stop_sshd(self, host: Host) -> None:
+        host.sshd.send_signal(signal.SIGTERM)
+        host.sshd.wait(timeout=10)
+
+    def start_sshd(self, host: Host) -> None:
+        host.sshd = self._in_host(host, self.dockerd_pid(host), host.sshd_cmd, "sshd.log")
+        deadline = time.monotonic() + SSHD_START_S
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((host.ip, 22), timeout=2):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.name}: sshd did not come back:\n" + _tail(host.dir / "sshd.log"))
+            time.sleep(0.2)
+
+    def stop_dockerd(self, host: Host) -> None:
+        host.remove_containers()
+        pid = self.dockerd_pid(host)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while self.dockerd_pid(host) and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def start_dockerd(self, host: Host) -> None:
+        self._in_host(host, host.sshd.pid, host.dockerd_cmd, "dockerd.log").wait(timeout=10)
+        deadline = time.monotonic() + DOCKERD_START_S
+        while host.docker("version", check=False, timeout=10).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.name}: dockerd did not come back:\n" + _tail(host.dir / "dockerd.log"))
+            time.sleep(0.5)
 
     def close(self) -> None:
         for host in self.hosts:

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / ".cache" / "ec2-tier"
+# EC2_TIER_CACHE: another cache directory (bench/ec2_tier.py measures a cold run with an empty one).
+CACHE = Path(os.environ.get("EC2_TIER_CACHE") or REPO / ".cache" / "ec2-tier")
 SUITE = "bookworm"
 MIRROR = os.environ.get("EC2_TIER_MIRROR", "http://deb.debian.org/debian")
 # What a pyenv/python.org CPython and Ray's wheels load from the system (ldd of the interpreter, _ssl, _ctypes,
@@ -41,7 +42,8 @@ ENTRYPOINT = "/usr/local/bin/entrypoint.sh"
 # stand-in gets AL2023's behaviour.
 _PROFILE = ("# The DLC stand-in: like Amazon Linux 2023, keep the inherited PATH (tests/ec2_tier/image.py)\n"
             "for i in /etc/profile.d/*.sh; do [ -r \"$i\" ] && . \"$i\"; done\nunset i\n")
-_ENTRYPOINT_SH = "#!/bin/sh\n# The DLC's entrypoint checks CUDA forward compatibility, then execs its command.\nexec \"$@\"\n"
+# The DLC's entrypoint checks CUDA forward compatibility, then execs its command.
+_ENTRYPOINT_SH = "#!/bin/sh\n# The DLC stand-in's entrypoint: exec the command.\nexec \"$@\"\n"
 
 
 def python_env() -> tuple[Path, Path]:
@@ -73,11 +75,22 @@ def _changes() -> tuple[str, ...]:
             f"WORKDIR {WORKDIR}", f'ENTRYPOINT ["{ENTRYPOINT}"]', 'CMD ["bash"]')
 
 
+def _prune(key: str) -> None:
+    """Drop the tarballs and hosts' data roots of other keys (an edit here makes a new key): the cache holds one."""
+    for old in CACHE.glob("standin-*.tar"):
+        if old.name != f"standin-{key}.tar":
+            old.unlink(missing_ok=True)
+    for old in (CACHE / "docker").glob("*"):
+        if old.name != key:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def build(log=print) -> Image:
     """The stand-in's rootfs tarball (built once per key, then cached) and the `docker import` arguments."""
     key = _key()
     tarball = CACHE / f"standin-{key}.tar"
     tag = f"ray-dlc-standin:{key}"
+    _prune(key)
     if tarball.exists():
         return Image(tarball, tag, _changes(), 0.0)
     for tool in ("debootstrap", "tar"):

@@ -124,7 +124,7 @@ def apply(rendered: dict, ctx: Context) -> tuple[dict, list[Change]]:
     why_store = (f"object store {TIER_OBJECT_STORE_BYTES // 1024**2} MiB: this machine's memory, not the "
                  "instance's")
     for item in list(docker.get("head_run_options", [])):
-        if m := re.fullmatch(r"--env RAY_EFA_OBJECT_STORE_BYTES=(\d+)", item):
+        if re.fullmatch(r"--env RAY_EFA_OBJECT_STORE_BYTES=(\d+)", item):
             _replace_item(docker["head_run_options"], item,
                           f"--env RAY_EFA_OBJECT_STORE_BYTES={TIER_OBJECT_STORE_BYTES}", "docker.head_run_options",
                           why_store, table)

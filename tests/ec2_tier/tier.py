@@ -28,7 +28,7 @@ from tests.ec2_tier.hosts import GATEWAY, Lab
 
 REPO = image_mod.REPO
 MODULE_DIR = Path(__file__).resolve().parent
-FIXTURE_OUTPUTS = REPO / "tests" / "fixtures" / "ec2_stack_outputs.json"
+FIXTURE_OUTPUTS = REPO / "config" / "examples" / "ec2-outputs.json"
 REGION = "us-east-2"  # config/cluster.yaml's region (the rendered commands name it)
 RAY_TIMEOUT_S = 600
 
@@ -118,6 +118,8 @@ class Tier:
 
         t = time.monotonic()
         self.image = image_mod.build(log=self.log)
+        if self.image.build_seconds:
+            self.log(f"the DLC stand-in rootfs {self.image.tag} built in {self.image.build_seconds:.1f} s")
         self._timed("image", t)
         t = time.monotonic()
         self.moto = self.stack.enter_context(MotoServer())
