@@ -732,3 +732,16 @@ def test_spot_workers_may_be_launched_with_their_spot_request(ec2_spot_synth, ec
     spot = json.dumps(_head_statements(ec2_spot_synth)["LaunchWith"]["Resource"])
     assert ":spot-instances-request/*" in spot
     assert "spot-instances-request" not in json.dumps(_head_statements(ec2_synth[1])["LaunchWith"]["Resource"])
+
+
+def test_config_check_prints_the_ec2_cost_for_target_ec2():
+    from config.__main__ import plan
+    from config.target import ec2_cost_per_hour
+
+    config = load_config(EXAMPLES / "ec2.yaml")
+    assert config.target == "ec2"  # the bundled EC2 example
+    idle, running = ec2_cost_per_hour(config)
+    line = next(line for line in plan(config).splitlines() if "on-demand cost" in line)
+    assert "target: ec2" in line and f"${idle:.2f}/hour" in line and f"${running:.2f}/hour" in line
+    assert "control plane" not in line
+    assert "control plane" in next(line for line in plan(load_config()).splitlines() if "on-demand cost" in line)
