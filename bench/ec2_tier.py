@@ -5,8 +5,9 @@
 Cold: an empty cache directory (EC2_TIER_CACHE), so the run includes the DLC stand-in's debootstrap from
 deb.debian.org, its `docker import` into both hosts' fresh data roots, and everything after. Warm: the same
 cache again (the tarball and the hosts' data roots with the image in them are reused). Prints one JSON line:
-`cold_s`, `warm_s` (seconds, the whole pytest run of the module), `image_build_s` (the debootstrap step, from
-the cold run's log), and pytest's pass/fail counts. Target: warm under 300 s on two cores (issue 34).
+per run (`cold`, `warm`): `s` (seconds, the whole pytest run of the module), pytest's pass/fail counts, the
+steps the tests print (`ray_up_head_s`, `worker_on_demand_s`, `ray_down_s`, `deadline_stop_s`) and, cold,
+`image_build_s` (the debootstrap step). Target: warm under 300 s on two cores (issue 34).
 Root only (network namespaces, dockerd); takes about 10 minutes. Not part of the test suite (it runs it).
 """
 
@@ -35,7 +36,15 @@ def _run(cache: Path) -> dict:
     summary = (proc.stdout.strip().splitlines() or [""])[-1]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped)", summary)}
     build = re.search(r"built in ([\d.]+) s", proc.stdout)
-    return {"s": round(seconds, 1), "exit": proc.returncode, **counts,
+    # The steps the tests print: `ray up` of the head, the GPU task until the worker ran it, `ray down`.
+    steps = {name: float(m.group(1)) for name, pattern in (
+        ("ray_up_head_s", r"ray up \(head alone\): ([\d.]+) s"),
+        ("worker_on_demand_s", r"ran on the worker the autoscaler started: ([\d.]+) s"),
+        ("ray_down_s", r"ray down: ([\d.]+) s"),
+        ("deadline_stop_s", r"stopped and cleaned up ([\d.]+) s")) if (m := re.search(pattern, proc.stdout))}
+    if proc.returncode:
+        print(proc.stdout[-8000:], file=sys.stderr)  # what failed, for the record
+    return {"s": round(seconds, 1), "exit": proc.returncode, **counts, **steps,
             **({"image_build_s": float(build.group(1))} if build else {})}
 
 
