@@ -65,23 +65,29 @@ class Image:
 def _key() -> str:
     venv, _ = python_env()
     text = json.dumps([SUITE, MIRROR, PACKAGES, _ENTRYPOINT_SH, str(venv), _PROFILE, 3])
+    # The tarball is keyed by what goes into it; the imported image (and the hosts' data roots) by that and the
+    # import's --change lines too.
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _changes() -> tuple[str, ...]:
     venv, _ = python_env()
     path = f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    # Not the DLC's: Ray's dashboard gives each module 30 s to start (ray 2.58.0 dashboard/consts.py
+    # SUBPROCESS_MODULE_WAIT_READY_TIMEOUT), which a cold import on two loaded shared cores overran (`ray start
+    # --head` failed: "Module MetricsHead failed to start"); tests/ray_head.py raises it the same way.
     return (f"ENV PATH={path}", "ENV LANG=C.UTF-8", "ENV LC_ALL=C.UTF-8", "ENV PYTHONUNBUFFERED=1",
+            "ENV RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=180",
             f"WORKDIR {WORKDIR}", f'ENTRYPOINT ["{ENTRYPOINT}"]', 'CMD ["bash"]')
 
 
-def _prune(key: str) -> None:
+def _prune(key: str, tag_key: str) -> None:
     """Drop the tarballs and hosts' data roots of other keys (an edit here makes a new key): the cache holds one."""
     for old in CACHE.glob("standin-*.tar"):
         if old.name != f"standin-{key}.tar":
             old.unlink(missing_ok=True)
     for old in (CACHE / "docker").glob("*"):
-        if old.name != key:
+        if old.name != tag_key:
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -89,8 +95,9 @@ def build(log=print) -> Image:
     """The stand-in's rootfs tarball (built once per key, then cached) and the `docker import` arguments."""
     key = _key()
     tarball = CACHE / f"standin-{key}.tar"
-    tag = f"ray-dlc-standin:{key}"
-    _prune(key)
+    tag_key = hashlib.sha256(json.dumps([key, _changes()]).encode()).hexdigest()[:16]
+    tag = f"ray-dlc-standin:{tag_key}"
+    _prune(key, tag_key)
     if tarball.exists():
         return Image(tarball, tag, _changes(), 0.0)
     for tool in ("debootstrap", "tar"):
