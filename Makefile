@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: help setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: help ec2-test setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # `make help`: every target, one line each (the `## ` text on its line; tests/test_make_help.py keeps it complete).
 help: ## list every target, one line each
@@ -92,15 +92,18 @@ synth: synth-cdk synth-k8s synth-ec2 ## synthesize all three: CloudFormation, Ku
 synth-cdk: setup ## CloudFormation templates into cdk.out/
 	npx cdk synth --quiet
 
-# The EC2 target (docs/ec2.md) from the same file: its stacks, and the `ray up` YAML rendered from a fixture of
-# the stacks' outputs (after a real deploy: python -m charts.launcher render --deployed).
+# The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2.yaml, `target: ec2`; CONFIG=FILE
+# for another), its stacks, and the `ray up` YAML rendered from an example of the stacks' outputs
+# (config/examples/ec2-outputs.json; after a real deploy: python -m charts.launcher render --deployed).
 EC2_DIR ?= out/ec2
-# An EKS file the EC2 target refuses (a capacity block, say) skips this step with the reason: `python -m config
+EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2.yaml))
+# A file the EC2 target refuses (an EKS capacity block, say) skips this step with the reason: `python -m config
 # check` prints the same note, so a file check passes always synthesizes (config/target.py).
-synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/
-	@if ! why=$$($(PY) -m config suits ec2 2>&1); then echo "synth-ec2: skipped, the EC2 target refuses this file: $$why"; \
-	else npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out && \
-	  $(PY) -m charts.launcher render --outputs tests/fixtures/ec2_stack_outputs.json --out-dir $(EC2_DIR); fi
+synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/ (config/examples/ec2.yaml unless CONFIG)
+	@if ! why=$$(CLUSTER_CONFIG=$(EC2_CONFIG) $(PY) -m config suits ec2 2>&1); then \
+	  echo "synth-ec2: skipped, the EC2 target refuses this file: $$why"; \
+	else CLUSTER_CONFIG=$(EC2_CONFIG) npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out && \
+	  $(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2-outputs.json --out-dir $(EC2_DIR); fi
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup ## the RayCluster and RayJob manifests into dist/
@@ -166,3 +169,9 @@ $(PYARROW_OLDEST_VENV)/.installed: requirements-pyarrow-oldest.txt
 
 clean: ## remove cdk.out/, dist/ and out/ (the demo's run too)
 	rm -rf cdk.out dist out .pytest_cache
+
+# The EC2 target's `ray up` tier alone (tests/test_ec2_rayup.py, docs/ec2.md "The ray up tier"): Ray's own
+# `ray up`/`exec`/`job submit`/`down` against namespace hosts with real sshd and dockerd. Root, with docker.io,
+# openssh-server, openssh-client, rsync, debootstrap and iproute2 installed (.ci/run installs them).
+ec2-test: tools ## the EC2 target's ray up tier alone (root; real sshd and dockerd in network namespaces)
+	$(PY) -m pytest -q -m ec2_tier tests/test_ec2_rayup.py

@@ -29,7 +29,7 @@ import yaml
 
 from config import ClusterConfig, load_catalog, load_or_exit, resolve_path
 from config.cli import add_file_argument, chosen_file
-from config.ec2 import NETWORK_OUTPUTS, ROOT_DEVICE, SSH_USER, STACK_OUTPUTS, efa_devices, node_sizing
+from config.ec2 import NETWORK_OUTPUTS, RAY_CLUSTER_TAG, ROOT_DEVICE, SSH_USER, STACK_OUTPUTS, efa_devices, node_sizing
 from config.efa import INTERFACE_TYPES, efa_interface_layout
 from config.loader import REPO_ROOT
 
@@ -43,6 +43,16 @@ AUTH_ENV_FILE = f"/home/{SSH_USER}/.ray-auth.env"
 OBJECT_STORE_ENV = "RAY_EFA_OBJECT_STORE_BYTES"
 # Ray's AWS example configs run `ray start` under a raised open-file limit; kept.
 _ULIMIT = "ulimit -n 65536;"
+# The launcher needs `rsync` inside every Ray container (it copies the bootstrap config into the head's with
+# `rsync -e 'docker exec -i'`, and the head's autoscaler syncs file mounts into each worker's the same way) and
+# an ssh client inside the head's (the autoscaler reaches the workers over SSH): ray 2.58.0,
+# ray/autoscaler/_private/command_runner.py DockerCommandRunner.run_init and run_rsync_up, with no fallback.
+# The Ray Train DLC has neither. The host (the DLAMI) has both: its binaries and the shared libraries they load,
+# with the host's own dynamic loader, are copied into HOST_TOOLS_DIR and bind-mounted read-only; the wrappers
+# run them through that loader, so they work whatever the container's distribution or libc.
+HOST_TOOLS = ("rsync", "ssh")
+HOST_TOOLS_DIR = f"/home/{SSH_USER}/.ray-host-tools"
+CONTAINER_TOOLS_DIR = "/opt/ray-host-tools"
 
 
 class LauncherError(Exception):
@@ -102,13 +112,46 @@ def _env_options(env: dict[str, str]) -> list[str]:
 
 def _initialization_commands(config: ClusterConfig, outputs: dict[str, str]) -> list[str]:
     """Host commands before `docker run`: docker if absent, the Ray token into a root-only env file."""
-    commands = ["command -v docker >/dev/null || { sudo dnf install -y docker && sudo systemctl enable --now docker; }"]
+    # The DLAMI (workers) has docker with ec2-user allowed; the head's plain AL2023 gets it here. Ray runs
+    # `docker` without sudo over a reused SSH connection, so the socket's ACL admits ec2-user at once (the group
+    # takes effect only at the next login).
+    commands = ["command -v docker >/dev/null || { sudo dnf install -y docker && sudo systemctl enable --now docker "
+                "&& sudo usermod -aG docker $USER && sudo setfacl -m u:$USER:rw /var/run/docker.sock; }",
+                host_tools_command()]
     if config.ray.auth == "token":
         read = (f"aws secretsmanager get-secret-value --region {config.region} --secret-id "
                 f"{shlex.quote(outputs['AuthTokenSecretArn'])} --query SecretString --output text")
-        commands.append(f"(umask 077 && printf 'RAY_AUTH_MODE=token\\nRAY_AUTH_TOKEN=%s\\n' \"$({read})\" "
-                        f"> {AUTH_ENV_FILE})")
+        # A token that cannot be read stops the node's setup (never an empty token). Not `(...)`: Ray wraps
+        # each command in `(...)`, and bash reads `((` as arithmetic (found by the ray up tier).
+        commands.append(f"{{ t=$({read}) && [ -n \"$t\" ]; }} || {{ echo 'error: cannot read the Ray auth token "
+                        f"from Secrets Manager ({outputs['AuthTokenSecretArn']}): check the instance profile and the "
+                        f"secret (docs/ec2.md)' >&2; exit 1; }}; umask 077 && "
+                        f"printf 'RAY_AUTH_MODE=token\\nRAY_AUTH_TOKEN=%s\\n' \"$t\" > {AUTH_ENV_FILE}")
     return commands
+
+
+def host_tools_command() -> str:
+    """Copy the host's rsync and ssh, their libraries and loader into HOST_TOOLS_DIR (once), with wrappers that
+    run them from CONTAINER_TOOLS_DIR; fails naming the tool when the host lacks one."""
+    t = HOST_TOOLS_DIR
+    wrapper = (f"'#!/bin/sh\\nexec {CONTAINER_TOOLS_DIR}/lib/ld.so --library-path {CONTAINER_TOOLS_DIR}/lib "
+               f"{CONTAINER_TOOLS_DIR}/%s.bin \"$@\"\\n'")
+    copy = (f"rm -rf {t}.new && mkdir -p {t}.new/lib && for b in {' '.join(HOST_TOOLS)}; do "
+            "p=$(command -v $b) || { echo \"error: $b is not installed on the host; the Ray containers use the "
+            "host's (docs/ec2.md)\" >&2; exit 1; }; "
+            f"cp -L $p {t}.new/$b.bin && "
+            "for l in $(ldd $p | awk '$2 == \"=>\" && $3 ~ /^\\// {print $3} $1 ~ /^\\// {print $1}'); do "
+            f"cp -L $l {t}.new/lib/; done && "
+            f"cp -L $(ldd $p | awk '$1 ~ /ld-linux/ {{print $1}}') {t}.new/lib/ld.so && "
+            f"printf {wrapper} $b > {t}.new/$b && chmod 755 {t}.new/$b || exit 1; done && mv {t}.new {t}")
+    checks = " && ".join(f"[ -x {t}/{b} ]" for b in HOST_TOOLS)
+    return f"{checks} || ({copy})"
+
+
+def host_tools_run_options() -> list[str]:
+    """The bind mounts that put the host's rsync and ssh on the container's PATH (/usr/local/bin)."""
+    return [f"-v {HOST_TOOLS_DIR}:{CONTAINER_TOOLS_DIR}:ro",
+            *(f"-v {HOST_TOOLS_DIR}/{b}:/usr/local/bin/{b}:ro" for b in HOST_TOOLS)]
 
 
 def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], init: list[str]) -> dict:
@@ -140,6 +183,10 @@ def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], ini
     run_options = [f"--shm-size={res.shm_gib}g",
                    *_env_options({**transport_env(config, group), **GPU_ALLOCATOR_ENV,
                                   OBJECT_STORE_ENV: str(res.object_store_bytes)})]
+    if itype.gpus:
+        # Every GPU of the node, through Docker's own `--gpus` (the NVIDIA Container Toolkit the DLAMI ships
+        # registers it); Ray's guess (`--runtime=nvidia` when nvidia-smi answers) is switched off below.
+        run_options.append("--gpus all")
     if efa:
         # The EFA devices (one uverbs per EFA interface) and what libfabric needs to pin memory with them
         # (the DLC's EC2 instructions; on EKS the device plugin and IPC_LOCK do the same).
@@ -168,21 +215,26 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
     head_sizing = node_sizing(head_type.memory_gib)
     init = _initialization_commands(config, outputs)
     env = {**_code_env(config), "CHECKPOINT_BUCKET": outputs["BucketName"]}
-    run_options = ["--ulimit memlock=-1", *_env_options(env)]
+    run_options = ["--ulimit memlock=-1", *host_tools_run_options(), *_env_options(env)]
     if config.ray.auth == "token":
         run_options.append(f"--env-file {AUTH_ENV_FILE}")
     auth: dict = {"ssh_user": SSH_USER}
     if config.ec2.access == "ssm":
         # `ray up` SSHes to the head's private IP; Session Manager needs the instance id, looked up by that IP.
+        # ssh runs ProxyCommand with the user's $SHELL: the JMESPath query is single-quoted, since zsh would
+        # glob the unquoted `[0]` ("no matches found"); only a running instance (a terminated one keeps its
+        # private IP for a while) with this cluster's tag is taken.
         lookup = (f"$(aws ec2 describe-instances --region {config.region} --filters "
-                  "Name=private-ip-address,Values=%h --query Reservations[0].Instances[0].InstanceId --output text)")
+                  "Name=private-ip-address,Values=%h Name=instance-state-name,Values=running "
+                  f"Name=tag:{RAY_CLUSTER_TAG},Values={config.cluster.name} "
+                  "--query 'Reservations[0].Instances[0].InstanceId' --output text)")
         auth["ssh_proxy_command"] = (f"aws ssm start-session --region {config.region} --target {lookup} "
                                      "--document-name AWS-StartSSHSession --parameters portNumber=%p")
     node_types = {
         HEAD_TYPE: {
             "node_config": {
                 "InstanceType": config.ec2.head_instance_type,
-                "ImageId": outputs["ImageId"],
+                "ImageId": outputs["HeadImageId"],
                 "IamInstanceProfile": {"Arn": outputs["HeadInstanceProfileArn"]},
                 "SubnetIds": [outputs["SubnetId"]],
                 "SecurityGroupIds": [outputs["SecurityGroupId"]],
@@ -213,6 +265,9 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
                                  *_env_options({OBJECT_STORE_ENV: str(head_sizing.object_store_mib * 1024**2)})],
             # Sized here per node type instead (Ray would give every container the same share of memory).
             "disable_shm_size_detection": True,
+            # GPUs are asked for with `--gpus all` per node type, not guessed from nvidia-smi on the host
+            # (ray 2.58.0 command_runner.py DockerCommandRunner._configure_runtime).
+            "disable_automatic_runtime_detection": True,
         },
         "provider": {
             "type": "aws",
@@ -334,7 +389,17 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--deployed", action="store_true",
                         help="read the deployed <cluster>-network and <cluster>-ec2 stacks' outputs (CloudFormation)")
     rend.add_argument("--out-dir", type=Path, default=OUT_DIR, help=f"where to write (default: {OUT_DIR})")
+    upp = sub.add_parser("up", help="`ray up` the rendered YAML within job.start_deadline_minutes; on a failure or "
+                         "the deadline, `ray down` and say what to fix (charts/launcher_up.py)")
+    add_file_argument(upp)
+    upp.add_argument("--yaml", type=Path, default=OUT_DIR / "cluster.yaml",
+                     help=f"the launcher YAML (default: {OUT_DIR / 'cluster.yaml'})")
     args = parser.parse_args(argv)
+    if args.command == "up":
+        from charts.launcher_up import up
+
+        config = load_or_exit(resolve_path(chosen_file(upp, args)))
+        return up(args.yaml, deadline_minutes=config.job.start_deadline_minutes)
     config_file = resolve_path(chosen_file(rend, args))
     config = load_or_exit(config_file)
     try:

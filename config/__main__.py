@@ -49,9 +49,19 @@ def plan(config: ClusterConfig) -> str:
     scaler = (f"Cluster Autoscaler on, idle GPU nodes removed after {config.autoscaling.scale_down_minutes} min"
               if config.autoscaling.enabled else "Cluster Autoscaler off, fixed node groups")
     lines.append(f"  {scaler}")
-    lines.append(f"  on-demand cost: idle ${config.idle_cost_per_hour:.2f}/hour (control plane, NAT, system nodes"
-                 f"{', GPU minimum' if any(config.group_min(g) for g in config.cluster.worker_groups) else ''}), "
-                 f"while a job runs ${config.cost_per_hour:.2f}/hour (prices of {load_catalog().price_date})")
+    gpu_minimum = ", GPU minimum" if any(config.group_min(g) for g in config.cluster.worker_groups) else ""
+    if config.target == "ec2":
+        # target: ec2 has no control plane and no system nodes: the head instance and NAT (config.target).
+        from config.target import ec2_cost_per_hour
+
+        idle, running = ec2_cost_per_hour(config)
+        lines.append(f"  on-demand cost (target: ec2): idle ${idle:.2f}/hour (head {config.ec2.head_instance_type}, "
+                     f"NAT{gpu_minimum}), while a job runs ${running:.2f}/hour (prices of "
+                     f"{load_catalog().price_date})")
+    else:
+        lines.append(f"  on-demand cost: idle ${config.idle_cost_per_hour:.2f}/hour (control plane, NAT, system "
+                     f"nodes{gpu_minimum}), while a job runs ${config.cost_per_hour:.2f}/hour (prices of "
+                     f"{load_catalog().price_date})")
     lines.append(f"  {observability_line(config)}")
     lines.append(f"  {endpoint_line(config)}")
     lines += [f"  {line}" for line in day_two_lines(config)]

@@ -25,6 +25,11 @@ Target = Literal["eks", "ec2"]
 # (DLAMI developer guide, "Finding the ID of a DLAMI": /aws/service/deeplearning/ami/$arch/$ami_type/
 # latest/ami-id, and that AMI's release notes for the package list).
 DLAMI_SSM_PARAMETER = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+# The CPU head's AMI: plain Amazon Linux 2023 (SSM agent, AWS CLI v2, rsync and openssh-clients included; no
+# NVIDIA driver, which an m7i has no use for, and no docker, which the initialization commands install). AWS's
+# public parameter for the current AL2023 x86_64 AMI ("Amazon Linux 2023 user guide: Get the latest AL2023 AMI
+# ID using Systems Manager Parameter Store").
+HEAD_AMI_SSM_PARAMETER = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
 # AL2023 AMIs log in as ec2-user and boot from /dev/xvda.
 SSH_USER = "ec2-user"
 ROOT_DEVICE = "/dev/xvda"
@@ -39,7 +44,7 @@ _OBJECT_STORE_SHM_FRACTION = 0.75
 # The EC2 stack's CloudFormation outputs the launcher YAML is rendered from (stacks/ec2.py emits them,
 # charts/launcher.py reads them), and the one it takes from the network stack (stacks/network.py).
 STACK_OUTPUTS = ("HeadInstanceProfileArn", "WorkerInstanceProfileArn", "WorkerRoleArn", "SecurityGroupId",
-                 "AvailabilityZone", "PlacementGroupName", "ImageId", "AuthTokenSecretArn", "BucketName",
+                 "AvailabilityZone", "PlacementGroupName", "ImageId", "HeadImageId", "AuthTokenSecretArn", "BucketName",
                  "CheckpointUri")
 NETWORK_OUTPUTS = ("GpuSubnetId",)
 

@@ -17,7 +17,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from config import ClusterConfig
-from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
+from config.ec2 import DLAMI_SSM_PARAMETER, HEAD_AMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
 from stacks.nag import acknowledge, checkov_skip, finding_partition, managed_policy
 from stacks.storage import grant_job_access
 
@@ -55,6 +55,9 @@ class Ec2ClusterStack(cdk.Stack):
 
         self.image = ec2.MachineImage.from_ssm_parameter(DLAMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX)
         self.image_id = self.image.get_image(self).image_id
+        # The head trains nothing: plain AL2023, not the GPU DLAMI (config/ec2.py HEAD_AMI_SSM_PARAMETER).
+        self.head_image_id = ec2.MachineImage.from_ssm_parameter(
+            HEAD_AMI_SSM_PARAMETER, os=ec2.OperatingSystemType.LINUX).get_image(self).image_id
 
         self.secret: secretsmanager.Secret | None = None
         if config.ray.auth == "token":
@@ -92,6 +95,7 @@ class Ec2ClusterStack(cdk.Stack):
             "AvailabilityZone": az,
             "PlacementGroupName": self.placement_group.ref,
             "ImageId": self.image_id,
+            "HeadImageId": self.head_image_id,
             "AuthTokenSecretArn": self.secret.secret_arn if self.secret else "none",
             "BucketName": bucket.bucket_name,
             "CheckpointUri": config.checkpoint_uri(bucket.bucket_name),
@@ -114,6 +118,10 @@ class Ec2ClusterStack(cdk.Stack):
         if self.secret is not None:
             self.secret.grant_read(role)
         return role
+
+    @staticmethod
+    def _has_spot(config: ClusterConfig) -> bool:
+        return any(group.capacity == "spot" for group in config.cluster.worker_groups)
 
     def _grant_autoscaler(self, config: ClusterConfig) -> None:
         """What Ray's autoscaler on the head calls (ray/autoscaler/_private/aws/node_provider.py, ray 2.58.0:
@@ -140,6 +148,10 @@ class Ec2ClusterStack(cdk.Stack):
                 f"{arn}:key-pair/{_KEY_PAIR_PATTERN}",
                 f"{arn}:network-interface/*",
                 f"{arn}:volume/*",
+                # A spot group's RunInstances (InstanceMarketOptions: spot) also creates a spot instance request,
+                # which IAM authorizes as its own resource (EC2 API reference, "Actions, resources, and condition
+                # keys for Amazon EC2": RunInstances, spot-instances-request); without it the launch is denied.
+                *([f"{arn}:spot-instances-request/*"] if self._has_spot(config) else []),
             ]),
             iam.PolicyStatement(sid="TagOnLaunch", actions=["ec2:CreateTags"], resources=[instances],
                                 conditions={"StringEquals": {"ec2:CreateAction": "RunInstances",
@@ -168,5 +180,7 @@ class Ec2ClusterStack(cdk.Stack):
                  "created by `ray up` on the user's machine."),
                 ("network-interface/*", "The EFA and ENA interfaces RunInstances creates for the worker; EC2 names "
                  "them at launch."),
-                ("volume/*", "The root volume RunInstances creates for the worker; EC2 names it at launch.")):
+                ("volume/*", "The root volume RunInstances creates for the worker; EC2 names it at launch."),
+                *((("spot-instances-request/*", "The spot request RunInstances creates for a spot worker; EC2 "
+                    "names it at launch."),) if self._has_spot(config) else ())):
             acknowledge(self.head_role, f"AwsSolutions-IAM5[Resource::{region}:{resource}]", why)

@@ -30,7 +30,7 @@ from config.efa import efa_interface_layout
 from config.target import with_target
 from tests.helpers import EXAMPLES, REPO, cdk_app, load_variant, write_variant
 
-FIXTURE = REPO / "tests" / "fixtures" / "ec2_stack_outputs.json"
+FIXTURE = REPO / "config" / "examples" / "ec2-outputs.json"
 
 
 def fixture_outputs() -> dict[str, str]:
@@ -593,3 +593,155 @@ def test_the_token_secrets_checkov_finding_is_acknowledged_with_its_reason(ec2_s
     (secret,) = _resources(ec2_synth[1]["ec2"], "AWS::SecretsManager::Secret").values()
     skips = {s["id"]: s["comment"] for s in secret["Metadata"]["checkov"]["skip"]}
     assert list(skips) == ["CKV_AWS_149"] and "AWS-managed key" in skips["CKV_AWS_149"]
+
+
+# ---- issue 34: what the real `ray up` run showed, and what reading it did --------------------------------
+
+def _run_proxy_command(shell: str, tmp_path: Path) -> list[list[str]]:
+    """The rendered ProxyCommand as ssh runs it (`$SHELL -c`, %h and %p substituted), with `aws` on PATH a
+    recorder of its arguments: what each `aws` invocation received, one list per call."""
+    import shutil
+    import subprocess
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed (apt-get install {shell})")
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    calls = tmp_path / f"calls-{shell}.jsonl"
+    recorder = bindir / "aws"
+    recorder.write_text(f"#!{os.sys.executable}\nimport json, sys\n"
+                        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\nprint('i-0abc')\n")
+    recorder.chmod(0o755)
+    command = rendered(load_config())["auth"]["ssh_proxy_command"].replace("%h", "10.0.0.5").replace("%p", "22")
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([shell, "-c", command], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_ssm_proxy_command_runs_under_bash_and_zsh_and_takes_running_instances_only(shell, tmp_path):
+    describe, start = _run_proxy_command(shell, tmp_path)
+    assert describe[:2] == ["ec2", "describe-instances"]
+    assert "Reservations[0].Instances[0].InstanceId" in describe  # one argument, unglobbed
+    assert "Name=instance-state-name,Values=running" in describe
+    assert "Name=private-ip-address,Values=10.0.0.5" in describe
+    assert f"Name=tag:{RAY_CLUSTER_TAG},Values=ray-efa" in describe
+    assert start[:2] == ["ssm", "start-session"] and start[start.index("--target") + 1] == "i-0abc"
+    assert "portNumber=22" in start
+
+
+def test_gpu_containers_get_gpus_all_and_ray_guesses_nothing(tmp_path):
+    launcher = rendered(load_config())
+    assert launcher["docker"]["disable_automatic_runtime_detection"] is True
+    assert "--gpus all" in launcher["available_node_types"]["gpu"]["docker"]["worker_run_options"]
+    assert "--gpus all" not in json.dumps(launcher["docker"])
+
+
+def test_every_container_gets_the_hosts_rsync_and_ssh(tmp_path):
+    from charts.launcher import host_tools_command
+
+    launcher = rendered(load_config())
+    for name, node_type in launcher["available_node_types"].items():
+        commands = node_type.get("initialization_commands", launcher["initialization_commands"])
+        assert host_tools_command() in commands, name
+    mounts = [o for o in launcher["docker"]["run_options"] if o.startswith("-v ")]
+    assert {m.split(":")[1] for m in mounts} >= {"/usr/local/bin/rsync", "/usr/local/bin/ssh"}
+
+
+def test_host_tools_command_bundles_binaries_that_run_through_their_own_loader(tmp_path):
+    """The bundle the command makes runs with nothing from the system's library path (as in a container of
+    another distribution): the loader and every library come from the bundle."""
+    import subprocess
+
+    from charts.launcher import HOST_TOOLS_DIR, host_tools_command
+
+    target = tmp_path / "tools"
+    command = host_tools_command().replace(HOST_TOOLS_DIR, str(target))
+    subprocess.run(["bash", "-c", command], check=True, timeout=60)
+    loader, lib = target / "lib" / "ld.so", target / "lib"
+    for tool, flag, expect in (("rsync", "--version", "rsync"), ("ssh", "-V", "OpenSSH")):
+        out = subprocess.run([str(loader), "--library-path", str(lib), str(target / f"{tool}.bin"), flag],
+                             capture_output=True, text=True, env={}, timeout=30)
+        assert expect in out.stdout + out.stderr, (tool, out.stderr)
+    # Idempotent: a second run keeps the bundle a running container has bind-mounted.
+    inode = (target / "rsync").stat().st_ino
+    subprocess.run(["bash", "-c", command], check=True, timeout=60)
+    assert (target / "rsync").stat().st_ino == inode
+
+
+def test_an_unreadable_token_secret_stops_the_node_setup_with_the_secret_named(tmp_path):
+    import subprocess
+
+    launcher = rendered(load_config())
+    command = next(c for c in launcher["initialization_commands"] if "RAY_AUTH_TOKEN" in c)
+    env_file = tmp_path / "auth.env"
+    command = command.replace(AUTH_ENV_FILE, str(env_file))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in (("fails", "echo 'AccessDeniedException' >&2; exit 254"), ("empty", "echo")):
+        (bindir / "aws").write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / "aws").chmod(0o755)
+        # Ray runs every command as `(command)` in a login bash (command_runner.py SSHCommandRunner.run).
+        proc = subprocess.run(["bash", "-c", f"({command})"], env={"PATH": f"{bindir}:/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode != 0, name
+        assert "cannot read the Ray auth token" in proc.stderr and fixture_outputs()["AuthTokenSecretArn"] in \
+            proc.stderr, name
+        assert not env_file.exists(), name
+    (bindir / "aws").write_text("#!/bin/sh\necho s3cret\n")
+    proc = subprocess.run(["bash", "-c", f"({command})"], env={"PATH": f"{bindir}:/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert env_file.read_text() == "RAY_AUTH_MODE=token\nRAY_AUTH_TOKEN=s3cret\n"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_cpu_head_boots_plain_al2023_and_the_workers_the_gpu_dlami():
+    launcher = rendered(load_config())
+    assert launcher["available_node_types"][HEAD_TYPE]["node_config"]["ImageId"] == fixture_outputs()["HeadImageId"]
+    assert launcher["available_node_types"]["gpu"]["node_config"]["ImageId"] == fixture_outputs()["ImageId"]
+
+
+@pytest.mark.slow
+def test_head_image_comes_from_the_al2023_ssm_parameter(ec2_synth):
+    from config.ec2 import HEAD_AMI_SSM_PARAMETER
+
+    template = ec2_synth[1]["ec2"]
+    parameter = next(k for k, v in template["Parameters"].items() if v.get("Default") == HEAD_AMI_SSM_PARAMETER)
+    assert template["Outputs"]["HeadImageId"]["Value"] == {"Ref": parameter}
+
+
+@pytest.fixture(scope="module")
+def ec2_spot_synth(tmp_path_factory):
+    from stacks import build
+
+    out = tmp_path_factory.mktemp("ec2-spot-synth")
+    config = with_target(load_config(EXAMPLES / "spot.yaml"), "ec2")
+    app = cdk_app(outdir=str(out))
+    build(app, config, nag=True)
+    app.synth()
+    return {name: json.loads((out / f"{config.cluster.name}-{name}.template.json").read_text())
+            for name in ("network", "storage", "ec2")}
+
+
+@pytest.mark.slow
+def test_spot_workers_may_be_launched_with_their_spot_request(ec2_spot_synth, ec2_synth):
+    # IAM authorizes a spot RunInstances on the spot-instances-request it creates too (EC2's service
+    # authorization reference); the on-demand default file needs no such grant.
+    spot = json.dumps(_head_statements(ec2_spot_synth)["LaunchWith"]["Resource"])
+    assert ":spot-instances-request/*" in spot
+    assert "spot-instances-request" not in json.dumps(_head_statements(ec2_synth[1])["LaunchWith"]["Resource"])
+
+
+def test_config_check_prints_the_ec2_cost_for_target_ec2():
+    from config.__main__ import plan
+    from config.target import ec2_cost_per_hour
+
+    config = load_config(EXAMPLES / "ec2.yaml")
+    assert config.target == "ec2"  # the bundled EC2 example
+    idle, running = ec2_cost_per_hour(config)
+    line = next(line for line in plan(config).splitlines() if "on-demand cost" in line)
+    assert "target: ec2" in line and f"${idle:.2f}/hour" in line and f"${running:.2f}/hour" in line
+    assert "control plane" not in line
+    assert "control plane" in next(line for line in plan(load_config()).splitlines() if "on-demand cost" in line)
