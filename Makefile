@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean cluster-test
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools prometheus
@@ -110,6 +110,12 @@ demo: tools
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
+# The cluster tier (tests/cluster/): the real control plane and KubeRay operator of ../shared/k8s (or $$K8S_LAB),
+# every example's dist/ applied and placed, the failure scenarios; writes dist/cluster-report.json. Also part of
+# `make test`; here a missing lab fails instead of skipping (tests/k8s_lab.py HOW_TO_GET says how to get it).
+cluster-test: setup
+	CLUSTER_TIER_REQUIRED=1 $(PY) -m pytest -m cluster tests/cluster
 
 # The edit loop: every test not marked slow (pyproject.toml `markers`), in under a minute; CI runs `make test`.
 check: setup

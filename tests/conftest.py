@@ -18,7 +18,9 @@ SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference
 # instead (Ray modules on both processes at once) measured slower on two cores: 740 s against 636 s.
 # The failure-path modules compare against one unbroken run (`reference_run`, `driver_assets`).
 SHARED_UNITS = {**{m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")},
-                **{m: "ray-head" for m in ("test_follow", "test_ray_auth_local")}}  # `ray_head`
+                **{m: "ray-head" for m in ("test_follow", "test_ray_auth_local")},  # `ray_head`
+                # tests/cluster/: one k8s lab per process (tests/cluster/conftest.py `lab`).
+                **{m: "k8s-lab" for m in ("test_cluster_lab", "test_cluster_examples", "test_cluster_scenarios")}}
 
 
 def _module(nodeid: str) -> str:
