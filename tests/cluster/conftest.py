@@ -8,6 +8,7 @@ add-on (tests/k8s_lab.py `operator_settings`); the operator timers the scenarios
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pytest
 
 from config import ClusterConfig, load_config
 from tests import k8s_lab
-from tests.helpers import EXAMPLES, cdk_app
+from tests.helpers import EXAMPLES, cdk_app, write_variant
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"cluster": REPO / "config" / "cluster.yaml",
@@ -77,9 +78,46 @@ def lab():
     script = _lab_or_skip()
     values = k8s_lab.kuberay_values(synthesized("cluster").templates)
     args, env = k8s_lab.operator_settings(values, TIER_OPERATOR_ENV)
+    # No cluster DNS in the lab: the operator reaches each head's dashboard through the API server's service proxy
+    # (an allowed difference, k8s_lab.ALLOWED_FLAG_DIFFERENCES).
+    args.append("--use-kubernetes-proxy")
     started = k8s_lab.start(operator_args=args, operator_env=env, script=script)
     try:
         started.addon_values = values
         yield started
     finally:
         k8s_lab.stop(started)
+
+
+def synthesize_variant(name: str, overrides: dict, directory: Path) -> Synthesized:
+    """config/cluster.yaml with `overrides` (the tier's test variable file: shorter deadlines), synthesized."""
+    from charts.__main__ import synthesize
+
+    file = write_variant(directory, overrides, name=f"{name}.yaml")
+    config = load_config(file)
+    dist = directory / "dist"
+    synthesize(config, file, dist)
+    return Synthesized(name=name, file=file, config=config, templates=synthesized("cluster").templates, dist=dist)
+
+
+REPORT = REPO / "dist" / "cluster-report.json"
+"""Every scenario's row: {"scenario", "outcome", "gpu_nodes", "gpu_node_minutes_lost", "limit"} (+ its timeline)."""
+_rows: list[dict] = []
+
+
+def record(*, scenario: str, outcome: str, gpu_nodes: int, gpu_node_minutes_lost: float, limit: str,
+           timeline: list | None = None) -> None:
+    """Add a scenario's row; written to REPORT as the session ends (rows of other scenarios already there stay)."""
+    _rows.append({"scenario": scenario, "outcome": outcome, "gpu_nodes": gpu_nodes,
+                  "gpu_node_minutes_lost": gpu_node_minutes_lost, "limit": limit, "timeline": timeline or []})
+
+
+def pytest_sessionfinish(session):
+    if not _rows:
+        return
+    try:
+        kept = [r for r in json.loads(REPORT.read_text()) if r["scenario"] not in {x["scenario"] for x in _rows}]
+    except (OSError, ValueError, KeyError, TypeError):
+        kept = []
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(json.dumps(kept + _rows, indent=1) + "\n")

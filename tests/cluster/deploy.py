@@ -74,8 +74,13 @@ def remove(lab: k8s_lab.Lab, objects: list[dict], namespace: str) -> None:
         except ApiException as exc:  # the garbage collector may have taken it with its RayJob already
             if exc.status != 404:
                 raise
-    wait_for(lambda: not namespace_pods(lab, namespace), 60, f"every pod in {namespace} to be gone",
-             detail=lambda: f": {[p.metadata.name for p in namespace_pods(lab, namespace)]}")
+    def left():
+        # DaemonSet pods of what stays applied (ray-base's image pre-pull) are not the test's to wait for.
+        return [p.metadata.name for p in namespace_pods(lab, namespace)
+                if not any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])
+                or any(o["kind"] == "DaemonSet" for o in objects)]
+
+    wait_for(lambda: not left(), 120, f"every pod in {namespace} to be gone", detail=lambda: f": {left()}")
 
 
 def rayjob(lab: k8s_lab.Lab, namespace: str, name: str) -> dict:

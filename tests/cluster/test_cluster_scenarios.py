@@ -1,0 +1,231 @@
+"""The run's failure paths against the real KubeRay operator, each with a timeline and its cost at production values.
+
+The RayJob is the one `dist/ray-job.k8s.yaml` holds for config/cluster.yaml, with a test variable file where a
+deadline must be shorter (`variant`). Its head pod is a kwok pod whose IP is a real Ray head's in a network namespace
+(tests/cluster/ray_netns.py), so the operator reads real job statuses (SUCCEEDED, FAILED, STOPPED) through the API
+server's service proxy. The submitter pod does not run (kwok): the test does what it would, submitting the entrypoint
+with the RayJob's `status.jobId` and marking the pod Succeeded once the job has ended, as follow.sh exits then.
+
+Cost (`report.cost`): GPU node minutes from the failure until the GPU nodes are gone, i.e. until the GPU pods are gone
+plus the Cluster Autoscaler's `autoscaling.scale_down_minutes`, times the GPU nodes the job holds. Every scenario adds
+its row to dist/cluster-report.json (conftest `report`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import pytest
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from charts.stop import stop
+from tests.cluster import deploy
+from tests.cluster.conftest import CLUSTER_MARKS, record, synthesize_variant
+from tests.cluster.ray_netns import ray_head
+from tests.waiting import wait_for
+
+pytestmark = CLUSTER_MARKS
+
+NAME = "ray-efa-job"
+
+
+@pytest.fixture(scope="module")
+def env(lab, tmp_path_factory):
+    """The lab with config/cluster.yaml's nodes and ray-base applied, and a real Ray head in a network namespace."""
+    base = synthesize_variant("scenarios", {"job": {"ttl_hours": 0.01}}, tmp_path_factory.mktemp("scenarios"))
+    deploy.install_addon_crds(lab)
+    ns = base.config.ray.namespace
+    lab.ensure_namespace(ns)
+    nodes = deploy.create_nodes(lab, base, "sc")
+    applied = deploy.manifests(base.dist, deploy.BASE)
+    lab.apply(applied)
+    try:
+        with ray_head() as head:
+            yield {"lab": lab, "synth": base, "ns": ns, "nodes": nodes, "head": head}
+    finally:
+        deploy.remove(lab, applied, ns)
+        deploy.delete_nodes(lab, nodes)
+
+
+def rayjob_manifest(synth, head_ip: str) -> list[dict]:
+    """The RayJob and its NetworkPolicy as dist/ has them; the head pod template annotated with the Ray head's
+    address (kwok reports it as the pod IP): the only change, and it is the lab's, not the product's."""
+    objects = deploy.manifests(synth.dist, deploy.JOB)
+    objects = [o for o in objects if o["kind"] != "PodMonitor"]
+    for obj in objects:
+        if obj["kind"] == "RayJob":
+            meta = obj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"].setdefault("metadata", {})
+            meta.setdefault("annotations", {})["kwok.lab/pod-ip"] = head_ip
+    return copy.deepcopy(objects)
+
+
+def gpu_pods(env) -> list:
+    return [p for p in deploy.namespace_pods(env["lab"], env["ns"], "ray.io/node-type=worker")]
+
+
+def submitter_pods(env) -> list:
+    return deploy.namespace_pods(env["lab"], env["ns"], f"batch.kubernetes.io/job-name={NAME}")
+
+
+def start_run(env, timeline, *, entrypoint: str) -> tuple[list[dict], str]:
+    """Apply the RayJob, wait for its cluster and submitter, submit `entrypoint` as the submitter would."""
+    lab = env["lab"]
+    objects = rayjob_manifest(env["synth"], env["head"].ip)
+    lab.apply(objects)
+    timeline("RayJob applied")
+    status = wait_for(lambda: (s := deploy.rayjob_status(lab, env["ns"], NAME)).get("jobDeploymentStatus") ==
+                      "Running" and s, 90, "the RayJob to be Running (cluster ready, submitter Job created)",
+                      interval_s=0.5)
+    timeline(f"RayJob Running, cluster {status['rayClusterName']}, {len(gpu_pods(env))} GPU worker pods")
+    wait_for(lambda: any(p.status.phase == "Running" for p in submitter_pods(env)), 30, "the submitter pod")
+    client = JobSubmissionClient(env["head"].url)
+
+    def submitted() -> bool:
+        try:
+            client.submit_job(entrypoint=entrypoint, submission_id=status["jobId"])
+            return True
+        except RuntimeError as exc:  # the head's job agent registers a little after the dashboard answers
+            if "No available agent" in str(exc):
+                return False
+            raise
+
+    wait_for(submitted, 120, "the Ray head to take the job", interval_s=1)
+    timeline(f"submitted job {status['jobId']}")
+    return objects, status["jobId"]
+
+
+def finish_submitter(env, phase: str = "Succeeded") -> None:
+    for pod in submitter_pods(env):
+        if pod.status.phase == "Running":
+            env["lab"].core.patch_namespaced_pod(pod.metadata.name, env["ns"],
+                                                 {"metadata": {"annotations": {"kwok.lab/phase": phase}}})
+
+
+def wait_job(env, job_id: str, *statuses: JobStatus, timeout_s: float = 60) -> JobStatus:
+    client = JobSubmissionClient(env["head"].url)
+    return wait_for(lambda: (s := client.get_job_status(job_id)) in statuses and s, timeout_s,
+                    f"Ray job {job_id} to reach {statuses}", interval_s=0.5)
+
+
+def cleanup(env, objects) -> None:
+    deploy.remove(env["lab"], objects, env["ns"])
+
+
+def cost_minutes(env, seconds_until_pods_gone: float) -> tuple[int, float]:
+    config = env["synth"].config
+    nodes = sum(g.nodes for g in config.cluster.worker_groups)
+    return nodes, round(nodes * (seconds_until_pods_gone / 60 + config.autoscaling.scale_down_minutes), 1)
+
+
+def test_success_deletes_the_workers_then_the_head(env, request):
+    """(a) SUCCEEDED: DeleteWorkers (ttlSeconds 0) takes the GPU workers at once; DeleteCluster takes the head
+    `job.ttl_hours` later (rayjob_controller.go `handleDeletionRules`, TTL from status.endTime)."""
+    timeline = deploy.Timeline("success")
+    objects, job_id = start_run(env, timeline, entrypoint="python -c \"print('trained')\"")
+    try:
+        wait_job(env, job_id, JobStatus.SUCCEEDED)
+        ended = timeline("Ray job SUCCEEDED; the submitter (follow.sh) exits 0")
+        finish_submitter(env)
+        wait_for(lambda: deploy.rayjob_status(env["lab"], env["ns"], NAME).get("jobDeploymentStatus") == "Complete",
+                 60, "RayJob Complete", interval_s=0.5)
+        timeline("RayJob Complete/SUCCEEDED")
+        wait_for(lambda: not gpu_pods(env), 60, "the GPU worker pods to go", interval_s=0.5)
+        gone = timeline("GPU worker pods deleted (DeleteWorkers)")
+        heads = lambda: deploy.namespace_pods(env["lab"], env["ns"], "ray.io/node-type=head")  # noqa: E731
+        assert heads(), "the head must outlive the workers (its dashboard and logs, job.ttl_hours)"
+        ttl_s = env["synth"].config.job.ttl_hours * 3600
+        wait_for(lambda: not heads(), ttl_s + 60, "the head to go (DeleteCluster after job.ttl_hours)")
+        timeline(f"head deleted (DeleteCluster, ttlSeconds {ttl_s:.0f} in the test file)")
+        nodes, lost = cost_minutes(env, gone - ended)
+        record(scenario="success", outcome="SUCCEEDED; GPU workers deleted at once, head after job.ttl_hours",
+               gpu_nodes=nodes, gpu_node_minutes_lost=lost, limit="", timeline=timeline.entries)
+    finally:
+        cleanup(env, objects)
+
+
+def test_stop_command_frees_the_gpu_nodes(env):
+    """(b) `python -m charts.stop` while the job trains: the Ray job ends STOPPED (the operator's finalizer) and
+    every GPU pod goes with the RayJob's cluster. (A suspend would not: KubeRay 1.7.0 refuses it beside
+    deletionRules; `charts/stop.py` cites the lines.)"""
+    timeline = deploy.Timeline("stop-command")
+    objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
+    try:
+        wait_job(env, job_id, JobStatus.RUNNING)
+        timeline("training; `python -m charts.stop`")
+        took = stop(env["lab"].custom, env["lab"].core, env["ns"], NAME, batch=env["lab"].batch, timeout_s=60,
+                    log=timeline)
+        assert not gpu_pods(env)
+        assert wait_job(env, job_id, JobStatus.STOPPED) == JobStatus.STOPPED
+        timeline("Ray job STOPPED; every Ray pod gone")
+        nodes, lost = cost_minutes(env, took)
+        assert lost <= 15 * nodes
+        record(scenario="stop-command", outcome="STOPPED; RayJob deleted, its cluster and submitter with it",
+               gpu_nodes=nodes, gpu_node_minutes_lost=lost, limit="", timeline=timeline.entries)
+    finally:
+        cleanup(env, objects)
+
+
+def test_raw_ray_job_stop_is_bounded(env):
+    """(b) a raw `ray job stop`: STOPPED, RayJob Complete, and no deletion rule matches (the CRD's enum): the GPU
+    workers stay. `python -m charts.stop` on the ended RayJob deletes its RayCluster."""
+    timeline = deploy.Timeline("raw-ray-job-stop")
+    objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
+    try:
+        wait_job(env, job_id, JobStatus.RUNNING)
+        JobSubmissionClient(env["head"].url).stop_job(job_id)
+        timeline("`ray job stop`")
+        wait_job(env, job_id, JobStatus.STOPPED)
+        finish_submitter(env)
+        wait_for(lambda: deploy.rayjob_status(env["lab"], env["ns"], NAME).get("jobDeploymentStatus") == "Complete",
+                 60, "RayJob Complete", interval_s=0.5)
+        timeline("RayJob Complete/STOPPED")
+        # Several of the operator's 3 s reconciles later the workers are still there: no rule matches STOPPED.
+        time.sleep(10)
+        held = len(gpu_pods(env))
+        timeline(f"10 s later: {held} GPU worker pods still up (no deletion rule matches STOPPED)")
+        assert held == sum(g.nodes for g in env["synth"].config.cluster.worker_groups)
+        took = stop(env["lab"].custom, env["lab"].core, env["ns"], NAME, batch=env["lab"].batch, timeout_s=60,
+                    log=timeline)
+        nodes, lost = cost_minutes(env, took)
+        record(scenario="raw-ray-job-stop", outcome="STOPPED; RayJob Complete; workers held until "
+               "`python -m charts.stop` deletes the RayCluster", gpu_nodes=nodes, gpu_node_minutes_lost=lost,
+               limit="KubeRay 1.7.0 deletionRules admit jobStatus SUCCEEDED/FAILED only (rayjob_types.go "
+               "DeletionCondition enum): after a raw `ray job stop` the workers stay until `python -m charts.stop`;"
+               " cost shown is when it follows the stop at once", timeline=timeline.entries)
+    finally:
+        cleanup(env, objects)
+
+
+def test_operator_restart_mid_run_duplicates_and_orphans_nothing(env):
+    """(g) The operator restarted while the job trains: the same RayCluster, the same submitter Job, the same job
+    id afterwards, and the run still ends as it should."""
+    lab = env["lab"]
+    timeline = deploy.Timeline("operator-restart")
+    objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(20)\"")
+    try:
+        wait_job(env, job_id, JobStatus.RUNNING)
+        before = deploy.rayjob_status(lab, env["ns"], NAME)
+        pods_before = sorted(p.metadata.name for p in deploy.namespace_pods(lab, env["ns"], "ray.io/is-ray-node=yes"))
+        took = lab.restart_operator()
+        timeline(f"operator restarted (synced again after {took:.1f} s)")
+        time.sleep(6)  # two of its 3 s reconciles
+        after = deploy.rayjob_status(lab, env["ns"], NAME)
+        assert (after["rayClusterName"], after["jobId"]) == (before["rayClusterName"], before["jobId"])
+        clusters = lab.custom.list_namespaced_custom_object("ray.io", "v1", env["ns"], "rayclusters")["items"]
+        assert [c["metadata"]["name"] for c in clusters] == [before["rayClusterName"]]
+        assert len(lab.batch.list_namespaced_job(env["ns"]).items) == 1
+        assert sorted(p.metadata.name for p in deploy.namespace_pods(lab, env["ns"], "ray.io/is-ray-node=yes")) == \
+            pods_before
+        assert [j["submission_id"] for j in env["head"].jobs() if j["submission_id"] == job_id] == [job_id]
+        timeline("one RayCluster, one submitter Job, the same pods and one Ray job")
+        wait_job(env, job_id, JobStatus.SUCCEEDED)
+        finish_submitter(env)
+        wait_for(lambda: not gpu_pods(env), 60, "the GPU worker pods to go", interval_s=0.5)
+        timeline("job SUCCEEDED; GPU workers deleted")
+        nodes = sum(g.nodes for g in env["synth"].config.cluster.worker_groups)
+        record(scenario="operator-restart", outcome="nothing duplicated or orphaned; SUCCEEDED", gpu_nodes=nodes,
+               gpu_node_minutes_lost=0.0, limit="", timeline=timeline.entries)
+    finally:
+        cleanup(env, objects)
+
