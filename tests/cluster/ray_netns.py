@@ -95,7 +95,9 @@ def ray_head() -> Iterator[NetnsHead]:
         # returns once the head is up, and its processes stay in the process group `kill_session` ends.
         proc.wait(timeout=START_S)
         if proc.returncode != 0:
-            raise AssertionError(f"ray start exited {proc.returncode}: {(temp / 'ray-start.log').read_text()[-3000:]}")
+            log = (temp / "ray-start.log").read_text()
+            errors = [line for line in log.splitlines() if "rror" in line or "Exception" in line or "failed" in line]
+            raise AssertionError(f"ray start exited {proc.returncode}: {errors[-20:]} ... {log[-1500:]}")
 
         def answers() -> bool:
             try:

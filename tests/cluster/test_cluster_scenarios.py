@@ -28,6 +28,7 @@ from tests.waiting import wait_for
 pytestmark = CLUSTER_MARKS
 
 NAME = "ray-efa-job"
+BAD_ENTRYPOINT = "python -c \"import sys; print('bad entrypoint'); sys.exit(3)\""
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +230,57 @@ def test_operator_restart_mid_run_duplicates_and_orphans_nothing(env):
     finally:
         cleanup(env, objects)
 
+
+
+def test_entrypoint_error_retries_as_configured(env):
+    """(f) An entrypoint that fails: FAILED (AppFailed), and KubeRay retries `job.retries` times, each with a new
+    cluster and a new submitter Job (rayjob_controller.go `checkBackoffLimitAndUpdateStatusIfNeeded`: Failed ->
+    Retrying while status.failed < backoffLimit + 1; case Retrying deletes the cluster and the submitter Job). The
+    last failure leaves the RayJob Failed and DeleteWorkers (jobStatus FAILED, ttlSeconds 0) takes the GPU workers."""
+    lab, ns = env["lab"], env["ns"]
+    retries = env["synth"].config.job.retries
+    timeline = deploy.Timeline("entrypoint-error")
+    objects = rayjob_manifest(env["synth"], env["head"].ip)
+    lab.apply(objects)
+    timeline(f"RayJob applied (backoffLimit {retries})")
+    job_ids, clusters = [], []
+    try:
+        for attempt in range(retries + 1):
+            status = wait_for(lambda: (s := deploy.rayjob_status(lab, ns, NAME)).get("jobDeploymentStatus") ==
+                              "Running" and s.get("jobId") not in job_ids and s, 120,
+                              f"attempt {attempt + 1} to be Running", interval_s=0.5)
+            job_ids.append(status["jobId"])
+            clusters.append(status["rayClusterName"])
+            wait_for(lambda: any(p.status.phase == "Running" for p in submitter_pods(env)), 30, "the submitter pod")
+            client = JobSubmissionClient(env["head"].url)
+            wait_for(lambda c=client, i=status["jobId"]: _submit(c, BAD_ENTRYPOINT, i), 120,
+                     "the Ray head to take the job", interval_s=1)
+            wait_job(env, status["jobId"], JobStatus.FAILED)
+            finish_submitter(env)
+            timeline(f"attempt {attempt + 1}: cluster {status['rayClusterName']}, job {status['jobId']} FAILED")
+        final = wait_for(lambda: (s := deploy.rayjob_status(lab, ns, NAME)).get("jobDeploymentStatus") == "Failed"
+                         and s.get("failed") == retries + 1 and s, 120, "the RayJob to end Failed", interval_s=0.5)
+        ended = timeline(f"RayJob Failed ({final.get('reason')}), status.failed={final.get('failed')}")
+        wait_for(lambda: not gpu_pods(env), 60, "the GPU worker pods to go", interval_s=0.5)
+        gone = timeline("GPU worker pods deleted (DeleteWorkers on FAILED)")
+        assert len(set(job_ids)) == len(set(clusters)) == retries + 1
+        # Every attempt's driver log is still readable from the Ray head (the submitter Jobs are gone).
+        for job_id in job_ids:
+            assert "bad entrypoint" in JobSubmissionClient(env["head"].url).get_job_logs(job_id)
+        nodes, lost = cost_minutes(env, gone - ended)
+        record(scenario="entrypoint-error", outcome=f"{retries + 1} attempts, each FAILED; RayJob Failed; GPU "
+               "workers deleted at once", gpu_nodes=nodes, gpu_node_minutes_lost=lost,
+               limit="in K8sJobMode each retry deletes the submitter Job and the cluster: the attempts' logs live "
+               "only as long as the Ray head holding them (not yet copied to S3)", timeline=timeline.entries)
+    finally:
+        cleanup(env, objects)
+
+
+def _submit(client, entrypoint: str, job_id: str) -> bool:
+    try:
+        client.submit_job(entrypoint=entrypoint, submission_id=job_id)
+        return True
+    except RuntimeError as exc:
+        if "No available agent" in str(exc):
+            return False
+        raise
