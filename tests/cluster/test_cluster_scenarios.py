@@ -17,7 +17,6 @@ import copy
 import time
 
 import pytest
-from ray.job_submission import JobStatus, JobSubmissionClient
 
 from charts.stop import stop
 from tests.cluster import deploy
@@ -61,6 +60,13 @@ def rayjob_manifest(synth, head_ip: str) -> list[dict]:
     return copy.deepcopy(objects)
 
 
+def jobs_client(env):
+    """The Ray Jobs API client of the netns head (imported here: `make check` collects this module, starts nothing)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(env["head"].url)
+
+
 def gpu_pods(env) -> list:
     return [p for p in deploy.namespace_pods(env["lab"], env["ns"], "ray.io/node-type=worker")]
 
@@ -80,7 +86,7 @@ def start_run(env, timeline, *, entrypoint: str) -> tuple[list[dict], str]:
                       interval_s=0.5)
     timeline(f"RayJob Running, cluster {status['rayClusterName']}, {len(gpu_pods(env))} GPU worker pods")
     wait_for(lambda: any(p.status.phase == "Running" for p in submitter_pods(env)), 30, "the submitter pod")
-    client = JobSubmissionClient(env["head"].url)
+    client = jobs_client(env)
 
     def submitted() -> bool:
         try:
@@ -103,8 +109,8 @@ def finish_submitter(env, phase: str = "Succeeded") -> None:
                                                  {"metadata": {"annotations": {"kwok.lab/phase": phase}}})
 
 
-def wait_job(env, job_id: str, *statuses: JobStatus, timeout_s: float = 60) -> JobStatus:
-    client = JobSubmissionClient(env["head"].url)
+def wait_job(env, job_id: str, *statuses: str, timeout_s: float = 60) -> str:
+    client = jobs_client(env)
     return wait_for(lambda: (s := client.get_job_status(job_id)) in statuses and s, timeout_s,
                     f"Ray job {job_id} to reach {statuses}", interval_s=0.5)
 
@@ -125,7 +131,7 @@ def test_success_deletes_the_workers_then_the_head(env, request):
     timeline = deploy.Timeline("success")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"print('trained')\"")
     try:
-        wait_job(env, job_id, JobStatus.SUCCEEDED)
+        wait_job(env, job_id, "SUCCEEDED")
         ended = timeline("Ray job SUCCEEDED; the submitter (follow.sh) exits 0")
         finish_submitter(env)
         wait_for(lambda: deploy.rayjob_status(env["lab"], env["ns"], NAME).get("jobDeploymentStatus") == "Complete",
@@ -152,12 +158,12 @@ def test_stop_command_frees_the_gpu_nodes(env):
     timeline = deploy.Timeline("stop-command")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
     try:
-        wait_job(env, job_id, JobStatus.RUNNING)
+        wait_job(env, job_id, "RUNNING")
         timeline("training; `python -m charts.stop`")
         took = stop(env["lab"].custom, env["lab"].core, env["ns"], NAME, batch=env["lab"].batch, timeout_s=60,
                     log=timeline)
         assert not gpu_pods(env)
-        assert wait_job(env, job_id, JobStatus.STOPPED) == JobStatus.STOPPED
+        assert wait_job(env, job_id, "STOPPED") == "STOPPED"
         timeline("Ray job STOPPED; every Ray pod gone")
         nodes, lost = cost_minutes(env, took)
         assert lost <= 15 * nodes
@@ -173,10 +179,10 @@ def test_raw_ray_job_stop_is_bounded(env):
     timeline = deploy.Timeline("raw-ray-job-stop")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
     try:
-        wait_job(env, job_id, JobStatus.RUNNING)
-        JobSubmissionClient(env["head"].url).stop_job(job_id)
+        wait_job(env, job_id, "RUNNING")
+        jobs_client(env).stop_job(job_id)
         timeline("`ray job stop`")
-        wait_job(env, job_id, JobStatus.STOPPED)
+        wait_job(env, job_id, "STOPPED")
         finish_submitter(env)
         wait_for(lambda: deploy.rayjob_status(env["lab"], env["ns"], NAME).get("jobDeploymentStatus") == "Complete",
                  60, "RayJob Complete", interval_s=0.5)
@@ -205,7 +211,7 @@ def test_operator_restart_mid_run_duplicates_and_orphans_nothing(env):
     timeline = deploy.Timeline("operator-restart")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(20)\"")
     try:
-        wait_job(env, job_id, JobStatus.RUNNING)
+        wait_job(env, job_id, "RUNNING")
         before = deploy.rayjob_status(lab, env["ns"], NAME)
         pods_before = sorted(p.metadata.name for p in deploy.namespace_pods(lab, env["ns"], "ray.io/is-ray-node=yes"))
         took = lab.restart_operator()
@@ -220,7 +226,7 @@ def test_operator_restart_mid_run_duplicates_and_orphans_nothing(env):
             pods_before
         assert [j["submission_id"] for j in env["head"].jobs() if j["submission_id"] == job_id] == [job_id]
         timeline("one RayCluster, one submitter Job, the same pods and one Ray job")
-        wait_job(env, job_id, JobStatus.SUCCEEDED)
+        wait_job(env, job_id, "SUCCEEDED")
         finish_submitter(env)
         wait_for(lambda: not gpu_pods(env), 60, "the GPU worker pods to go", interval_s=0.5)
         timeline("job SUCCEEDED; GPU workers deleted")
@@ -252,10 +258,10 @@ def test_entrypoint_error_retries_as_configured(env):
             job_ids.append(status["jobId"])
             clusters.append(status["rayClusterName"])
             wait_for(lambda: any(p.status.phase == "Running" for p in submitter_pods(env)), 30, "the submitter pod")
-            client = JobSubmissionClient(env["head"].url)
+            client = jobs_client(env)
             wait_for(lambda c=client, i=status["jobId"]: _submit(c, BAD_ENTRYPOINT, i), 120,
                      "the Ray head to take the job", interval_s=1)
-            wait_job(env, status["jobId"], JobStatus.FAILED)
+            wait_job(env, status["jobId"], "FAILED")
             finish_submitter(env)
             timeline(f"attempt {attempt + 1}: cluster {status['rayClusterName']}, job {status['jobId']} FAILED")
         final = wait_for(lambda: (s := deploy.rayjob_status(lab, ns, NAME)).get("jobDeploymentStatus") == "Failed"
@@ -266,7 +272,7 @@ def test_entrypoint_error_retries_as_configured(env):
         assert len(set(job_ids)) == len(set(clusters)) == retries + 1
         # Every attempt's driver log is still readable from the Ray head (the submitter Jobs are gone).
         for job_id in job_ids:
-            assert "bad entrypoint" in JobSubmissionClient(env["head"].url).get_job_logs(job_id)
+            assert "bad entrypoint" in jobs_client(env).get_job_logs(job_id)
         nodes, lost = cost_minutes(env, gone - ended)
         record(scenario="entrypoint-error", outcome=f"{retries + 1} attempts, each FAILED; RayJob Failed; GPU "
                "workers deleted at once", gpu_nodes=nodes, gpu_node_minutes_lost=lost,
