@@ -98,6 +98,9 @@ def main(argv: list[str]) -> int:
         durations[test] += seconds
         if phase == "setup" and (startup is None or seconds > startup[0]):
             startup = (seconds, test)
+    if proc.returncode != 0:
+        summary = output[output.find("short test summary info"):] if "short test summary info" in output else ""
+        print("\n".join(line[:400] for line in summary.splitlines()[:30]))
     print(f"cluster tier: pytest exit {proc.returncode}; summary: "
           f"{(output.strip().splitlines() or ['?'])[-1]}")
     if startup:

@@ -290,3 +290,43 @@ def _submit(client, entrypoint: str, job_id: str) -> bool:
         if "No available agent" in str(exc):
             return False
         raise
+
+
+def test_a_submitter_that_cannot_start_holds_the_gpu_workers(env):
+    """(c) The submitter pod cannot be scheduled (the system nodes cordoned once the head is placed): once KubeRay
+    has created the submitter Job the RayJob is Running, and no pre-running deadline applies any more
+    (rayjob_controller.go, case JobDeploymentStatusRunning: only `checkActiveDeadlineAndUpdateStatusIfNeeded` and
+    `checkTransitionGracePeriodAndUpdateStatusIfNeeded`, which needs a finished submitter). The GPU workers are held
+    until activeDeadlineSeconds (`job.timeout_hours`). No mitigation is built yet: the row names the limit."""
+    lab, ns = env["lab"], env["ns"]
+    timeline = deploy.Timeline("submitter-cannot-start")
+    system = [n for n, s in env["nodes"].items() if s.labels.get("ray-efa.io/role") == "system"]
+    objects = rayjob_manifest(env["synth"], env["head"].ip)
+    lab.apply(objects)
+    try:
+        wait_for(lambda: any(p.spec.node_name for p in deploy.namespace_pods(lab, ns, "ray.io/node-type=head")), 60,
+                 "the head pod to be bound", interval_s=0.1)
+        for node in system:
+            lab.core.patch_node(node, {"spec": {"unschedulable": True}})
+        timeline("head bound; system nodes cordoned")
+        wait_for(lambda: submitter_pods(env), 60, "the submitter pod", interval_s=0.5)
+        timeline("submitter Job created; its pod cannot be scheduled")
+        time.sleep(20)
+        status = deploy.rayjob_status(lab, ns, NAME)
+        pending = [p.status.phase for p in submitter_pods(env)]
+        held = len(gpu_pods(env))
+        timeline(f"20 s later: RayJob {status.get('jobDeploymentStatus')}, submitter {pending}, {held} GPU workers up")
+        assert status.get("jobDeploymentStatus") == "Running" and pending == ["Pending"]
+        assert held == sum(g.nodes for g in env["synth"].config.cluster.worker_groups)
+        config = env["synth"].config
+        nodes, lost = cost_minutes(env, config.job.timeout_hours * 3600)
+        record(scenario="submitter-cannot-start", outcome="RayJob Running, submitter Pending, GPU workers held",
+               gpu_nodes=nodes, gpu_node_minutes_lost=lost,
+               limit="KubeRay 1.7.0: a RayJob whose submitter Job exists is Running and only activeDeadlineSeconds "
+               "(job.timeout_hours) ends it (rayjob_controller.go case JobDeploymentStatusRunning); mitigation "
+               "(a watchdog that deletes the RayJob when its submitter pod is not Running after 10 min) NOT BUILT",
+               timeline=timeline.entries)
+    finally:
+        for node in system:
+            lab.core.patch_node(node, {"spec": {"unschedulable": False}})
+        cleanup(env, objects)
