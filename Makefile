@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: help ec2-test setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: help ec2-test cluster-test setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # `make help`: every target, one line each (the `## ` text on its line; tests/test_make_help.py keeps it complete).
 help: ## list every target, one line each
@@ -133,6 +133,12 @@ TEST_WORKERS ?= 2
 # checkov's venv too: tests/test_checkov.py runs `make checkov`'s CloudFormation scan inside the suite.
 test: setup pyarrow-oldest $(CHECKOV_VENV)/.installed ## the whole suite (two pytest processes); counts per tier at the end
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
+# The cluster tier (tests/cluster/): the real control plane and KubeRay operator of ../shared/k8s (or $$K8S_LAB),
+# every example's dist/ applied and placed, the failure scenarios; writes dist/cluster-report.json. Also part of
+# `make test`; here a missing lab fails instead of skipping (tests/k8s_lab.py HOW_TO_GET says how to get it).
+cluster-test: setup ## the cluster tier alone: real control plane + KubeRay operator, examples, failure scenarios
+	CLUSTER_TIER_REQUIRED=1 $(PY) -m pytest -m cluster tests/cluster
 
 # The edit loop: every test not marked slow (pyproject.toml `markers`), in under a minute; CI runs `make test`.
 check: setup ## the fast subset (not marked slow), under a minute: the edit loop

@@ -22,7 +22,9 @@ SLOW_FIXTURES = frozenset({"moto_server", "scraped_run", "gated_run", "reference
 # The failure-path modules compare against one unbroken run (`reference_run`, `driver_assets`).
 SHARED_UNITS = {**{m: "reference-run" for m in ("test_driver_kill", "test_hang", "test_train_ray", "test_train_s3")},
                 **{m: "ray-head"  # `ray_head`
-                   for m in ("test_follow", "test_ray_auth_local", "test_local_ray_loopback")}}
+                   for m in ("test_follow", "test_ray_auth_local", "test_local_ray_loopback")},
+                # tests/cluster/: one k8s lab per process (tests/cluster/conftest.py `lab`).
+                **{m: "k8s-lab" for m in ("test_cluster_lab", "test_cluster_examples", "test_cluster_scenarios")}}
 
 
 def _module(nodeid: str) -> str:
