@@ -342,8 +342,11 @@ def pod_security_context() -> PodSecurityContext:
 
 # checkov findings on the Ray pods that this design needs, acknowledged on each pod template.
 RAY_POD_CHECKOV_SKIPS = {
-    "CKV_K8S_8": "KubeRay adds its own exec liveness probe to every Ray container",
-    "CKV_K8S_9": "KubeRay adds its own exec readiness probe to every Ray container",
+    # KubeRay 1.7.0 gives a Ray >= 2.53 container HTTP probes, GET :52365/api/healthz on the dashboard agent
+    # (common/pod.go `initLivenessAndReadinessProbe`, `supportsUnifiedHealthCheck`; utils/constant.go
+    # `RayNodeHealthPath`), no longer the wget exec probes of older Ray; seen on the real node (make cluster-real).
+    "CKV_K8S_8": "KubeRay adds its own HTTP liveness probe (GET :52365/api/healthz) to every Ray container",
+    "CKV_K8S_9": "KubeRay adds its own HTTP readiness probe (GET :52365/api/healthz) to every Ray container",
     "CKV_K8S_15": "IfNotPresent on purpose: a multi-GB image, pinned and pre-pulled on every GPU node",
     "CKV_K8S_22": "Ray writes its session dir under /tmp and the runtime env installs pip packages into the image",
     "CKV_K8S_23": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",
