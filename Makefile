@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean cluster-real cluster-real-packages
 
 # The KubeRay CRDs: verified where found, else downloaded (KUBERAY_CRD_BASE_URL) into .cache/ (charts/crds.py).
 setup: tools prometheus
@@ -145,3 +145,18 @@ $(PYARROW_OLDEST_VENV)/.installed: requirements-pyarrow-oldest.txt
 
 clean:
 	rm -rf cdk.out dist out .pytest_cache
+
+# The real-node tier (docs/cluster-tier.md): the project's RayJob through the real KubeRay 1.7.0 operator on a real
+# kubelet node (../shared/k8s, ../shared/k8s-node), checkpoints to a local S3 server, then the head pod lost mid-run.
+# Needs root and Debian's packages below; `make test` runs it too (tests/cluster_real, marked slow and cluster_real).
+CLUSTER_REAL_PACKAGES := docker.io containernetworking-plugins dnsmasq-base iptables debootstrap xz-utils
+cluster-real-packages:
+	@missing=; for p in $(CLUSTER_REAL_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else \
+	  echo "note: make cluster-real needs root and:$$missing (sudo apt-get install$$missing)"; exit 0; fi; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends $$missing >/dev/null
+
+cluster-real: setup cluster-real-packages
+	CLUSTER_TIER_REQUIRED=1 $(PY) -m pytest tests/cluster_real -m cluster_real -p no:cacheprovider -s
