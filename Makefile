@@ -30,7 +30,7 @@ ifdef CONFIG
 export CLUSTER_CONFIG := $(abspath $(CONFIG))
 endif
 
-.PHONY: help ec2-test cluster-test setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
+.PHONY: help ec2-test cluster-test cluster-real tier-packages setup tools node-check prometheus synth synth-cdk synth-k8s synth-ec2 demo test check lint bench checkov pyarrow-oldest clean
 
 # `make help`: every target, one line each (the `## ` text on its line; tests/test_make_help.py keeps it complete).
 help: ## list every target, one line each
@@ -131,7 +131,7 @@ demo: tools ## set-up, synthesis, then a real local fine-tune on CPU (out/demo/)
 # The oldest pinned pyarrow is installed first, so tests/test_pyarrow_s3.py runs it too instead of skipping.
 TEST_WORKERS ?= 2
 # checkov's venv too: tests/test_checkov.py runs `make checkov`'s CloudFormation scan inside the suite.
-test: setup pyarrow-oldest $(CHECKOV_VENV)/.installed ## the whole suite (two pytest processes); counts per tier at the end
+test: setup pyarrow-oldest $(CHECKOV_VENV)/.installed tier-packages ## the whole suite (two pytest processes); counts per tier at the end
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # The cluster tier (tests/cluster/): the real control plane and KubeRay operator of ../shared/k8s (or $$K8S_LAB),
@@ -181,3 +181,20 @@ clean: ## remove cdk.out/, dist/ and out/ (the demo's run too)
 # openssh-server, openssh-client, rsync, debootstrap and iproute2 installed (.ci/run installs them).
 ec2-test: tools ## the EC2 target's ray up tier alone (root; real sshd and dockerd in network namespaces)
 	$(PY) -m pytest -q -m ec2_tier tests/test_ec2_rayup.py
+
+# The real-node tier (docs/cluster-tier.md): the project's RayJob through the real KubeRay 1.7.0 operator on a real
+# kubelet node (../shared/k8s, ../shared/k8s-node), checkpoints to a local S3 server, then the head pod lost mid-run.
+# Needs root and Debian's packages below; `make test` runs it too (tests/cluster_real, marked slow and cluster_real).
+# The ray up tier adds sshd, the ssh client, rsync and iproute2 (network namespaces).
+TIER_PACKAGES := docker.io containernetworking-plugins dnsmasq-base iptables debootstrap xz-utils \
+  openssh-server openssh-client rsync iproute2
+tier-packages: ## the Debian packages of the tiers with real daemons (root; .ci/run runs it)
+	@missing=; for p in $(TIER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; else \
+	  echo "note: the real-daemon tiers need root and:$$missing (sudo apt-get install$$missing)"; exit 0; fi; \
+	$$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	  --no-install-recommends $$missing >/dev/null
+
+cluster-real: setup tier-packages ## the real-node tier alone: the project's RayJob on a real kubelet node, head pod lost
+	CLUSTER_TIER_REQUIRED=1 $(PY) -m pytest tests/cluster_real -m cluster_real -p no:cacheprovider -s

@@ -58,6 +58,7 @@ from config.k8s import (
 from config.loader import REPO_ROOT
 from config.model import ClusterConfig, PodResources, WorkerGroup, requirement_name
 from config.observability import RAY_METRICS_PORT, RAY_METRICS_PORT_NAME
+from config.topology import LOGICAL_GPU_RESOURCE
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 OWNER_LABEL = "ray-efa.io/ray-owner"
@@ -197,9 +198,19 @@ def _env(values: dict[str, str]) -> list[EnvVar]:
     return [EnvVar(name=name, value=value) for name, value in values.items()] + [node_name]
 
 
-def _ray_start_params(resources: PodResources, **params: str) -> dict[str, str]:
+def _ray_start_params(pod: PodResources, **params: str) -> dict[str, str]:
     # Explicit, so the object store sits in the pod's /dev/shm with room to spare (see PodResources).
-    return {**params, "object-store-memory": str(resources.object_store_bytes)}
+    return {**params, "object-store-memory": str(pod.object_store_bytes)}
+
+
+def _logical_gpu_param(group: WorkerGroup) -> dict[str, str]:
+    # A lab's logical GPUs (`logical_gpus`): one Ray custom resource per GPU, which the CPU training workers ask
+    # for (config.topology.LOGICAL_GPU_RESOURCE). KubeRay 1.7.0 reads and rewrites `resources` as single-quoted
+    # JSON (common/pod.go `getResourcesMap`, `addWellKnownAcceleratorResources`) and passes it to `ray start`
+    # as `--resources='{...}'` (`convertParamMap`).
+    if group.logical_gpus is None:
+        return {}
+    return {"resources": "'" + json.dumps({LOGICAL_GPU_RESOURCE: group.logical_gpus}) + "'"}
 
 
 def _metrics_start_param() -> dict[str, str]:
@@ -309,7 +320,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
     pods = config.pods(group)
     return WorkerGroupSpec(
         group_name=group.name,
-        ray_start_params=_ray_start_params(res, **_metrics_start_param()),
+        ray_start_params=_ray_start_params(res, **{**_metrics_start_param(), **_logical_gpu_param(group)}),
         replicas=pods,
         min_replicas=pods,
         max_replicas=pods,
@@ -335,8 +346,11 @@ def pod_security_context() -> PodSecurityContext:
 
 # checkov findings on the Ray pods that this design needs, acknowledged on each pod template.
 RAY_POD_CHECKOV_SKIPS = {
-    "CKV_K8S_8": "KubeRay adds its own exec liveness probe to every Ray container",
-    "CKV_K8S_9": "KubeRay adds its own exec readiness probe to every Ray container",
+    # KubeRay 1.7.0 gives a Ray >= 2.53 container HTTP probes, GET :52365/api/healthz on the dashboard agent
+    # (common/pod.go `initLivenessAndReadinessProbe`, `supportsUnifiedHealthCheck`; utils/constant.go
+    # `RayNodeHealthPath`), no longer the wget exec probes of older Ray; seen on the real node (make cluster-real).
+    "CKV_K8S_8": "KubeRay adds its own HTTP liveness probe (GET :52365/api/healthz) to every Ray container",
+    "CKV_K8S_9": "KubeRay adds its own HTTP readiness probe (GET :52365/api/healthz) to every Ray container",
     "CKV_K8S_15": "IfNotPresent on purpose: a multi-GB image, pinned and pre-pulled on every GPU node",
     "CKV_K8S_22": "Ray writes its session dir under /tmp and the runtime env installs pip packages into the image",
     "CKV_K8S_23": "the DLC image runs Ray as root (its Python stack lives in root-owned paths); caps are dropped",

@@ -35,7 +35,8 @@ def plan(config: ClusterConfig) -> str:
             f"  {group.name}: {group.nodes} x {group.instance_type} ({group.capacity}; node group "
             f"min/desired/max {config.group_min(group)}/{config.group_desired(group)}/{config.group_max(group)}), "
             f"{itype.gpus} x "
-            f"{itype.gpu_model} per node, {config.pods_per_node(group)} pod(s)/node, {config.pods(group)} pods; "
+            f"{itype.gpu_model or 'logical GPU (lab)'} per node, {config.pods_per_node(group)} pod(s)/node, "
+            f"{config.pods(group)} pods; "
             f"per pod {res.gpus} GPU, {res.cpu} CPU, {res.memory_gib} GiB, /dev/shm {res.shm_gib} GiB "
             f"(object store {_gib(res.object_store_mib)} GiB), EFA {res.efa_devices}, "
             f"hugepages-2Mi {res.hugepages_2mi_mib} MiB")

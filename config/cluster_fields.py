@@ -122,6 +122,15 @@ class WorkerGroup(_Strict):
                                   json_schema_extra=limit("botocore eks Capacity (min 1); EKS quota"))
     gpus_per_pod: int = Field(ge=1, le=16, description="GPUs per Ray worker pod; must divide the instance's GPUs.",
                               json_schema_extra=limit("the instance's GPU count (config/instances.yaml)"))
+    logical_gpus: int | None = Field(
+        default=None, ge=1, le=16,
+        description="Lab only: GPUs that Ray counts on each node of a CPU instance type, none of them real. The "
+        "pods request this many nvidia.com/gpu (a node that advertises them as an extended resource), Ray gets "
+        "num-gpus, and the workload trains on CPU with gloo where it would use CUDA and NCCL. Null (default): the "
+        "instance's real GPUs. Refused on a GPU instance type.",
+        json_schema_extra=limit("lab and test clusters only (docs/cluster-tier.md); a GPU instance type has real "
+                                "GPUs"),
+    )
     capacity: Literal["on_demand", "spot", "capacity_block"] = Field(
         default="on_demand", description="Capacity type: on_demand, spot or capacity_block."
     )

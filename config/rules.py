@@ -15,6 +15,7 @@ from config.hub import token_problems
 from config.resources import _SYSTEM_PODS_CPU_M, _SYSTEM_PODS_MEM_MIB, _allocatable
 from config.s3 import _ACCOUNT_ID_CHARS, S3_BUCKET_NAME_MAX
 from config.subnets import PUBLIC_MASK, carve
+from config.topology import with_logical_gpus
 from config.versions import (
     RAY_TOKEN_AUTH_MIN,
     _image_ray_version,
@@ -240,8 +241,16 @@ class RulesMixin:
         if itype is None:
             add(f"{base}.instance_type", _unknown_type(group.instance_type, gpu=True))
             return problems
+        if group.logical_gpus is not None:
+            if itype.gpus:
+                add(f"{base}.logical_gpus", f"{itype.name} has {itype.gpus} real GPU(s); logical GPUs stand in for "
+                    "GPUs only on a CPU instance type in a lab or test cluster (the workload then trains on CPU "
+                    "with gloo); remove logical_gpus")
+                return problems
+            itype = with_logical_gpus(itype, group.logical_gpus)
         if itype.gpus == 0:
-            add(f"{base}.instance_type", f"{itype.name} has no GPU; pick a GPU type such as g6.12xlarge")
+            add(f"{base}.instance_type", f"{itype.name} has no GPU; pick a GPU type such as g6.12xlarge (a lab on "
+                "CPU nodes: logical_gpus)")
             return problems
         if group.gpus_per_pod < 1 or group.gpus_per_pod > itype.gpus:
             add(f"{base}.gpus_per_pod", f"{group.gpus_per_pod} is outside 1..{itype.gpus} "

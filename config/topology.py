@@ -12,8 +12,14 @@ class TopologyMixin:
     """`ClusterConfig`'s derived topology (computed once, on first use, from the model and the catalog)."""
 
     def instance(self, group: WorkerGroup) -> InstanceType:
-        """Catalog entry for a worker group (valid after loading)."""
-        return load_catalog().instances[group.instance_type]
+        """Catalog entry for a worker group (valid after loading); with `logical_gpus`, its logical GPUs."""
+        itype = load_catalog().instances[group.instance_type]
+        return itype if group.logical_gpus is None else with_logical_gpus(itype, group.logical_gpus)
+
+    @cached_property
+    def uses_logical_gpus(self) -> bool:
+        """Whether the GPUs are logical (`logical_gpus`, a lab): the workload trains on CPU with gloo."""
+        return any(g.logical_gpus is not None for g in self.cluster.worker_groups)
 
     @cached_property
     def system_instance(self) -> InstanceType:
@@ -79,3 +85,23 @@ class TopologyMixin:
     def gpu_peak_tflops(self) -> float:
         """Dense bf16 peak per GPU of the first worker group, TFLOP/s (for MFU)."""
         return self.instance(self.cluster.worker_groups[0]).gpu_bf16_tflops
+
+
+LOGICAL_GPU_RESOURCE = "logical_gpu"
+"""The Ray custom resource each worker pod of a `logical_gpus` group holds, one per logical GPU.
+
+Ray Train places a worker by its resources; a CPU worker cannot ask for Ray's `GPU` (ray 2.58.0 air/config.py
+`ScalingConfig.__post_init__`: "`use_gpu` is False but `GPU` was found in `resources_per_worker`"), and asked for
+CPU alone it could land on the head. One of these per worker keeps the workers on the worker pods, as `GPU` does
+on real GPUs."""
+
+
+def with_logical_gpus(itype: InstanceType, gpus: int) -> InstanceType:
+    """A CPU instance type seen as holding `gpus` logical GPUs (`WorkerGroup.logical_gpus`, a lab).
+
+    Each logical GPU's "memory" is its share of the node's RAM, where a CPU worker keeps its tensors; it has no
+    bf16 peak (0: no MFU is reported, as on any CPU run) and no GPU model."""
+    return itype.model_copy(update={"gpus": gpus, "gpu_model": None,
+                                    "gpu_memory_gib": itype.memory_gib // gpus,
+                                    "gpu_visible_memory_mib": itype.memory_gib * 1024 // gpus,
+                                    "gpu_bf16_tflops": 0.0})

@@ -66,9 +66,12 @@ class RayHead:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def start() -> RayHead:
-    """A head with token auth, ready once its dashboard answers; `stop()` it (AssertionError if it never starts)."""
-    token = secrets.token_urlsafe(32)
+def start(token: str | None = None) -> RayHead:
+    """A head with token auth, ready once its dashboard answers; `stop()` it (AssertionError if it never starts).
+
+    `token`: the cluster's token (default: a new one); a head started with another head's token plays the head
+    KubeRay recreates after losing the first (the token Secret outlives the head pod)."""
+    token = token or secrets.token_urlsafe(32)
     temp = Path(tempfile.mkdtemp(prefix="rayhead", dir="/tmp"))  # short: Ray's unix sockets live here
     args = [str(RAY), "start", "--head", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--port=0",
             "--dashboard-port=0", "--dashboard-agent-listen-port=0", "--dashboard-host=127.0.0.1",

@@ -16,9 +16,12 @@ The job blocks on a file the test creates, so every observation happens while it
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,172 @@ def test_follow_sh_reattaches_and_ends_with_the_job(ray_head, tmp_path):
     assert "log stream ended while the job is RUNNING; re-attaching" in err.read_text()
     assert "done" in out
     assert "follow.sh: job follow-drop-sh ended: SUCCEEDED" in out
+
+
+class SwitchingProxy:
+    """A TCP relay on 127.0.0.1 (port 0) to an upstream the test can change: the head Service's DNS name, which
+    points at whichever head pod KubeRay runs. `point_at(None)` refuses connections (no head: no endpoint) and
+    closes the open ones, as the head pod's end does."""
+
+    def __init__(self, upstream: str | None):
+        self._lock = threading.Lock()
+        self._sockets: list = []
+        self._upstream = None
+        self.point_at(upstream)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="switching-proxy").start()
+
+    def point_at(self, upstream: str | None) -> None:
+        with self._lock:
+            if upstream is None:
+                self._upstream = None
+            else:
+                host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
+                self._upstream = (host, int(port))
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            self._sockets.clear()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.point_at(None)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                upstream = self._upstream
+            if upstream is None:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+RESUMABLE_JOB = """\
+import os, sys, time
+marker = sys.argv[1] + ".starts"
+with open(marker, "a") as f:
+    f.write("start\\n")
+starts = open(marker).read().count("start")
+print(f"attempt {starts}", flush=True)
+deadline = time.monotonic() + 300
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+print(f"done after {starts} start(s)", flush=True)
+"""
+
+
+def test_follow_sh_resubmits_when_a_new_head_has_no_record_of_the_job(ray_head, tmp_path):
+    """The head pod lost mid-run: the new head's Jobs API answers 404 for the id; follow.sh submits it again
+    (the same id, through submit.sh), follows the new attempt and ends with its status.
+
+    The first head is a real one started for this test with the session head's token; it is killed (its whole
+    process group, as the head pod's end kills every Ray process in it) while the job runs. The session head
+    then plays the head KubeRay recreates: same token (the Secret outlives the pod), no record of the job."""
+    from tests import ray_head as heads
+
+    script = tmp_path / "job.py"
+    script.write_text(RESUMABLE_JOB)
+    release = tmp_path / "release"
+    # The stand-in for the bundle's submit.sh beside follow.sh (the product's is tested in test_ray_auth_local):
+    # the same contract, `RAY_JOB_ADDRESS=... submit.sh --no-wait --submission-id ID`, submitting this job.
+    (tmp_path / bundle.SUBMIT_SCRIPT).write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f'exec ray job submit --address "$RAY_JOB_ADDRESS" "$@" -- {sys.executable} {script} {release}\n')
+    follow_sh = tmp_path / bundle.FOLLOW_SCRIPT
+    follow_sh.write_text(bundle.follow_script())
+    first = heads.start(token=ray_head.token)
+    proxy = SwitchingProxy(first.url)
+    err = tmp_path / "follow.err"
+    env = {**cli_env(ray_head.token), "RAY_DASHBOARD_ADDRESS": proxy.url.removeprefix("http://"),
+           "RAY_JOB_SUBMISSION_ID": "follow-head-lost"}
+    follow = None
+    try:
+        with err.open("w") as stderr:
+            follow = subprocess.Popen(["bash", str(follow_sh)], env=env, stdout=subprocess.PIPE, stderr=stderr,
+                                      text=True)
+            wait_for(lambda: _status(first, "follow-head-lost") == "RUNNING", 180, "the first attempt to run")
+            wait_for(lambda: Path(f"{release}.starts").exists(), 120, "the first attempt's driver")
+            proxy.point_at(None)  # the head Service has no endpoint while the pod is gone
+            first.stop()
+            wait_for(lambda: "unreachable; re-attaching" in err.read_text(), 120,
+                     "follow.sh to find the Jobs API gone", detail=lambda: err.read_text()[-2000:])
+            assert follow.poll() is None
+            proxy.point_at(ray_head.url)  # the recreated head: no record of the job
+            wait_for(lambda: _status(ray_head, "follow-head-lost") == "RUNNING", 240,
+                     "follow.sh to resubmit on the new head", detail=lambda: err.read_text()[-2000:])
+            release.touch()
+            try:
+                out, _ = follow.communicate(timeout=180)
+            except subprocess.TimeoutExpired as exc:
+                pytest.fail(f"follow.sh still running 180 s after the job was released: {exc.stdout!r} "
+                            f"{err.read_text()[-3000:]}")
+    finally:
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+        proxy.close()
+        first.stop()
+    log = err.read_text()
+    assert follow.returncode == 0, log
+    assert "the Jobs API has no job follow-head-lost (a new head: the old one was lost); resubmitting (1)" in log
+    assert Path(f"{release}.starts").read_text().count("start") == 2
+    assert "attempt 2" in out and "done after 2 start(s)" in out
+    assert "follow.sh: job follow-head-lost ended: SUCCEEDED" in out
+
+
+def test_follow_sh_waits_for_the_jobs_api_before_submitting(ray_head, tmp_path):
+    """No dashboard yet (the proxy refuses, as a head Service without a ready endpoint does): follow.sh waits,
+    then submits once the Jobs API answers, and follows the job to its end."""
+    script = tmp_path / "job.py"
+    script.write_text(RESUMABLE_JOB)
+    release = tmp_path / "release"
+    release.touch()  # the job ends as soon as it starts
+    (tmp_path / bundle.SUBMIT_SCRIPT).write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f'exec ray job submit --address "$RAY_JOB_ADDRESS" "$@" -- {sys.executable} {script} {release}\n')
+    follow_sh = tmp_path / bundle.FOLLOW_SCRIPT
+    follow_sh.write_text(bundle.follow_script())
+    proxy = SwitchingProxy(None)
+    env = {**cli_env(ray_head.token), "RAY_DASHBOARD_ADDRESS": proxy.url.removeprefix("http://"),
+           "RAY_JOB_SUBMISSION_ID": "follow-wait-dashboard"}
+    try:
+        follow = subprocess.Popen(["bash", str(follow_sh)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            out, errs = follow.communicate(timeout=8)
+            pytest.fail(f"follow.sh ended while the Jobs API did not answer: {out} {errs}")
+        except subprocess.TimeoutExpired:
+            pass
+        assert _status(ray_head, "follow-wait-dashboard") == ""  # nothing submitted yet
+        proxy.point_at(ray_head.url)
+        out, errs = follow.communicate(timeout=180)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        proxy.close()
+    assert follow.returncode == 0, errs
+    assert "follow.sh: job follow-wait-dashboard ended: SUCCEEDED" in out

@@ -30,6 +30,7 @@ from config import load_or_exit, resolve_path
 from config.cli import add_file_argument, chosen_file
 from config.model import ClusterConfig, JobConfig
 from config.observability import PLAN_PREDICTION_FILE
+from config.topology import LOGICAL_GPU_RESOURCE
 from workloads.fsdp_finetune.data import dataset_epochs
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
@@ -218,6 +219,9 @@ class RunPlan:
     bucket). Known, it spares the driver pyarrow's lookup of the bucket's region (`S3Options::FromUri` asks S3
     for it unless the URI has `region=` or an endpoint is set, pyarrow 24): a request that, from a machine
     with no route to S3, ends only at a network timeout. None: looked up as before."""
+    logical_gpus: bool = False
+    """The cluster's GPUs are logical (`WorkerGroup.logical_gpus`, a lab on CPU nodes): CPU workers on gloo, each
+    holding one `LOGICAL_GPU_RESOURCE` of a worker pod."""
     scrape_interval_s: int | None = None
     """Seconds between Prometheus' scrapes of the run's metrics (`observability.scrape_interval_s`; None: nothing
     scrapes them). The workers keep the final report's values up until one scrape has seen them."""
@@ -234,6 +238,8 @@ def build_trainer(plan: RunPlan, **extra):
     resources = {"CPU": plan.cpus_per_worker}
     if plan.use_gpu:
         resources["GPU"] = 1
+    elif plan.logical_gpus:
+        resources[LOGICAL_GPU_RESOURCE] = 1
     train_config = make_train_config(job.model_dump(), grad_accumulation=plan.grad_accumulation,
                                      gpu_peak_tflops=plan.gpu_peak_tflops, export_uri=plan.export_uri,
                                      run_dir=plan.run_dir, eval_records=plan.eval_records,
@@ -492,10 +498,13 @@ def cluster_plan(config: ClusterConfig, *, job: JobConfig | None = None, storage
         storage_path=storage,
         export_uri=export,
         num_workers=config.world_size,
-        use_gpu=True,
+        # Logical GPUs (a lab's CPU nodes, `logical_gpus`): Ray places the workers on the worker pods all the same
+        # (the head has num-cpus 0), and the workers train on CPU with gloo, as a local run does.
+        use_gpu=not config.uses_logical_gpus,
+        logical_gpus=config.uses_logical_gpus,
         cpus_per_worker=config.cpus_per_worker,
         grad_accumulation=config.grad_accumulation,
-        gpu_peak_tflops=config.gpu_peak_tflops,
+        gpu_peak_tflops=None if config.uses_logical_gpus else config.gpu_peak_tflops,
         run_dir=f"{storage.rstrip('/')}/{job.run_name}",  # the run's own folder, beside Ray's checkpoints
         sharding=mesh.sharding,
         ranks_per_node=mesh.ranks_per_node,
