@@ -108,7 +108,7 @@ demo: tools
 # Two processes (pytest-xdist): on two cores they overlap one module's waits (process starts, Ray's polls)
 # with another's work; a module runs whole in one process (tests/conftest.py). TEST_WORKERS=1 runs serially.
 TEST_WORKERS ?= 2
-# checkov's venv too: tests/test_checkov.py runs `make checkov`'s CloudFormation scan inside the suite.
+# checkov's venv too: tests/test_checkov.py runs `make checkov`'s two scans (CloudFormation, Kubernetes) in the suite.
 test: setup $(CHECKOV_VENV)/.installed
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
