@@ -130,7 +130,7 @@ demo: tools ## set-up, synthesis, then a real local fine-tune on CPU (out/demo/)
 # with another's work; a module runs whole in one process (tests/conftest.py). TEST_WORKERS=1 runs serially.
 # The oldest pinned pyarrow is installed first, so tests/test_pyarrow_s3.py runs it too instead of skipping.
 TEST_WORKERS ?= 2
-# checkov's venv too: tests/test_checkov.py runs `make checkov`'s CloudFormation scan inside the suite.
+# checkov's venv too: tests/test_checkov.py runs `make checkov`'s two scans (CloudFormation, Kubernetes) in the suite.
 test: setup pyarrow-oldest $(CHECKOV_VENV)/.installed tier-packages ## the whole suite (two pytest processes); counts per tier at the end
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
