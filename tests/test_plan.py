@@ -187,7 +187,8 @@ def test_suggestions_come_in_order_and_each_is_a_valid_file(tmp_path):
     from workloads.plan.suggest import candidates
 
     config = load_variant(tmp_path, {"job": {"model": "Qwen/Qwen2.5-7B"}})
-    found = list(candidates(config, _refused_plan(config)))
+    # The 7B's full fine-tune state over shard groups of 4: 28 GiB a GPU, more than half the L4's limit.
+    found = list(candidates(config, {**_refused_plan(config), "state_gib_per_gpu": 28.4, "limit_gib": 20.5}))
     changes = [change for change, _, _ in found]
     assert changes[0] == "job.sharding: full"
     assert changes[1].startswith("nodes (gpu: 4), job.sharding: full")
@@ -207,11 +208,14 @@ def test_suggestions_come_in_order_and_each_is_a_valid_file(tmp_path):
     assert found[1][1].world_size == 2 * config.world_size
 
 
-def test_lora_is_not_suggested_to_a_lora_job(tmp_path):
+def test_lora_is_not_suggested_to_a_lora_job_nor_where_activations_overflow(tmp_path):
     from workloads.plan.suggest import candidates
 
     config = load_variant(tmp_path, {"job": {"method": "lora"}})
-    plan = {**_refused_plan(config), "method": "lora"}
+    plan = {**_refused_plan(config), "method": "lora", "state_gib_per_gpu": 28.4, "limit_gib": 20.5}
+    assert not any("job.method" in change for change, _, _ in candidates(config, plan))
+    config = load_variant(tmp_path, {"job": {"method": "full"}})
+    plan = {**_refused_plan(config), "state_gib_per_gpu": 5.8, "limit_gib": 20.5}  # activations are the problem
     assert not any("job.method" in change for change, _, _ in candidates(config, plan))
 
 

@@ -2,7 +2,8 @@
 
 In the order a user would try them, cheapest to the job first: full sharding (same hardware, state spread
 over every GPU), more nodes (twice the GPUs, fully sharded), LoRA instead of a full fine-tune (same hardware,
-the file's job.lora; with full sharding too when the file shards hybrid), a bigger GPU from the catalog (the cheapest
+the file's job.lora; with full sharding too when the file shards hybrid; offered when the persistent state is
+at least half the limit), a bigger GPU from the catalog (the cheapest
 per GPU-hour among those with more memory), then a smaller micro-batch or
 sequence (which changes the job itself). Each candidate is a whole variable file that the loader accepts
 (a change it would refuse is not offered), planned without counting FLOPs again where they cannot change.
@@ -61,7 +62,9 @@ def candidates(config: ClusterConfig, plan: dict) -> Iterator[tuple[str, Cluster
     # LoRA on the same hardware (`job.method: lora`): the base frozen in bf16 and only adapters trained, which is
     # what puts a model whose full fine-tune needs twice the GPUs on these ones. Its FLOPs differ (no weight
     # gradients for the frozen base), so they are counted again.
-    if plan.get("method", "full") == "full":
+    # Offered when the persistent state is what does not fit (at least half the limit): where activations are the
+    # problem, frozen weights barely help, and each LoRA candidate costs simulated steps of its own.
+    if plan.get("method", "full") == "full" and plan.get("state_gib_per_gpu", 0) * 2 >= plan.get("limit_gib", 0):
         rank = base["job"]["lora"]["rank"]
         tries = [("", {})] + ([(", job.sharding: full", {"sharding": "full"})] if plan["sharding"] == "hybrid" else [])
         for extra, update in tries:
