@@ -8,8 +8,10 @@ add-on (tests/k8s_lab.py `operator_settings`); the operator timers the scenarios
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -44,6 +46,7 @@ class Synthesized:
 
 
 _ROOT = Path(tempfile.mkdtemp(prefix="cluster-tier-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
 
 @cache
