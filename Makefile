@@ -79,14 +79,14 @@ synth: synth-cdk synth-k8s synth-ec2
 synth-cdk: setup
 	npx cdk synth --quiet
 
-# The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2.yaml, `target: ec2`; CONFIG=FILE
+# The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2/cluster.yaml, `target: ec2`; CONFIG=FILE
 # for another), its stacks, and the `ray up` YAML rendered from an example of the stacks' outputs
-# (config/examples/ec2-outputs.json; after a real deploy: python -m charts.launcher render --deployed).
+# (config/examples/ec2/outputs.json; after a real deploy: python -m charts.launcher render --deployed).
 EC2_DIR ?= out/ec2
-EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2.yaml))
+EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2/cluster.yaml))
 synth-ec2: setup
 	CLUSTER_CONFIG=$(EC2_CONFIG) npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out
-	$(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2-outputs.json --out-dir $(EC2_DIR)
+	$(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2/outputs.json --out-dir $(EC2_DIR)
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup
