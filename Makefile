@@ -92,18 +92,18 @@ synth: synth-cdk synth-k8s synth-ec2 ## synthesize all three: CloudFormation, Ku
 synth-cdk: setup ## CloudFormation templates into cdk.out/
 	npx cdk synth --quiet
 
-# The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2.yaml, `target: ec2`; CONFIG=FILE
+# The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2/cluster.yaml, `target: ec2`; CONFIG=FILE
 # for another), its stacks, and the `ray up` YAML rendered from an example of the stacks' outputs
-# (config/examples/ec2-outputs.json; after a real deploy: python -m charts.launcher render --deployed).
+# (config/examples/ec2/outputs.json; after a real deploy: python -m charts.launcher render --deployed).
 EC2_DIR ?= out/ec2
-EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2.yaml))
+EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2/cluster.yaml))
 # A file the EC2 target refuses (an EKS capacity block, say) skips this step with the reason: `python -m config
 # check` prints the same note, so a file check passes always synthesizes (config/target.py).
-synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/ (config/examples/ec2.yaml unless CONFIG)
+synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/ (config/examples/ec2/cluster.yaml unless CONFIG)
 	@if ! why=$$(CLUSTER_CONFIG=$(EC2_CONFIG) $(PY) -m config suits ec2 2>&1); then \
 	  echo "synth-ec2: skipped, the EC2 target refuses this file: $$why"; \
 	else CLUSTER_CONFIG=$(EC2_CONFIG) npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out && \
-	  $(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2-outputs.json --out-dir $(EC2_DIR); fi
+	  $(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2/outputs.json --out-dir $(EC2_DIR); fi
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup ## the RayCluster and RayJob manifests into dist/
@@ -185,9 +185,9 @@ ec2-test: tools ## the EC2 target's ray up tier alone (root; real sshd and docke
 # The real-node tier (docs/cluster-tier.md): the project's RayJob through the real KubeRay 1.7.0 operator on a real
 # kubelet node (../shared/k8s, ../shared/k8s-node), checkpoints to a local S3 server, then the head pod lost mid-run.
 # Needs root and Debian's packages below; `make test` runs it too (tests/cluster_real, marked slow and cluster_real).
-# The ray up tier adds sshd, the ssh client, rsync and iproute2 (network namespaces).
+# The ray up tier adds sshd, the ssh client, rsync, iproute2 (network namespaces) and zsh (its SSM proxy test).
 TIER_PACKAGES := docker.io containernetworking-plugins dnsmasq-base iptables debootstrap xz-utils \
-  openssh-server openssh-client rsync iproute2
+  openssh-server openssh-client rsync iproute2 zsh
 tier-packages: ## the Debian packages of the tiers with real daemons (root; .ci/run runs it)
 	@missing=; for p in $(TIER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

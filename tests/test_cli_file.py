@@ -33,7 +33,7 @@ FILE_COMMANDS = {
     "workloads.preflight": ["--local"],
     "workloads.verify": [],
     "workloads.verify_ec2": [],
-    "charts.launcher": ["render", "--outputs", str(REPO / "config" / "examples" / "ec2-outputs.json")],
+    "charts.launcher": ["render", "--outputs", str(REPO / "config" / "examples" / "ec2" / "outputs.json")],
     "workloads.fsdp_finetune": [],
     "stacks.check": ["--against", "config/cluster.yaml"],
 }

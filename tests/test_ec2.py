@@ -30,7 +30,7 @@ from config.efa import efa_interface_layout
 from config.target import with_target
 from tests.helpers import EXAMPLES, REPO, cdk_app, load_variant, write_variant
 
-FIXTURE = REPO / "config" / "examples" / "ec2-outputs.json"
+FIXTURE = REPO / "config" / "examples" / "ec2" / "outputs.json"
 
 
 def fixture_outputs() -> dict[str, str]:
@@ -738,7 +738,7 @@ def test_config_check_prints_the_ec2_cost_for_target_ec2():
     from config.__main__ import plan
     from config.target import ec2_cost_per_hour
 
-    config = load_config(EXAMPLES / "ec2.yaml")
+    config = load_config(EXAMPLES / "ec2" / "cluster.yaml")
     assert config.target == "ec2"  # the bundled EC2 example
     idle, running = ec2_cost_per_hour(config)
     line = next(line for line in plan(config).splitlines() if "on-demand cost" in line)

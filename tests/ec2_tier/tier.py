@@ -28,7 +28,7 @@ from tests.ec2_tier.hosts import GATEWAY, Lab
 
 REPO = image_mod.REPO
 MODULE_DIR = Path(__file__).resolve().parent
-FIXTURE_OUTPUTS = REPO / "config" / "examples" / "ec2-outputs.json"
+FIXTURE_OUTPUTS = REPO / "config" / "examples" / "ec2" / "outputs.json"
 REGION = "us-east-2"  # config/cluster.yaml's region (the rendered commands name it)
 RAY_TIMEOUT_S = 600
 
