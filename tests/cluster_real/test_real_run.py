@@ -186,6 +186,12 @@ def _start_run(cluster, tmp_path) -> tuple[dict, Timeline]:
     return product, timeline.start()
 
 
+def back_to_running(events: list[tuple[float, str]]) -> float:
+    """When the RayJob was RUNNING again after follow.sh's last resubmission (seconds on the timeline)."""
+    last = max(t for t, text in events if "resubmitting" in text)
+    return min(t for t, text in events if t >= last and text.startswith("RayJob Running/RUNNING"))
+
+
 def _report(entry: dict) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     entries = json.loads(REPORT.read_text()) if REPORT.exists() else []
@@ -264,9 +270,8 @@ def test_head_pod_lost_resumes_in_the_same_rayjob(cluster, tmp_path):
     assert max(steps) == cluster["config"].job.max_steps
     submitters = [p for p in _get(cluster, "pods")["items"] if p["metadata"].get("labels", {}).get("job-name") == name]
     assert len(submitters) == 1, [p["metadata"]["name"] for p in submitters]
-    # Cost at production values: from the loss until training is past the step it had reached, the GPU nodes
-    # idle; measured here on logical GPUs, the same timeline on EKS adds the DLC head's start.
-    back = next((t for t, text in timeline.events if "resubmitting" in text), None)
-    minutes = round(((back or killed_at) - killed_at) / 60 * PRODUCTION_GPU_NODES, 2)
+    # Cost at production values: the GPU nodes idle from the loss until the job runs again (the RayJob's
+    # RUNNING after the last resubmission; a crash-looping new head can need more than one).
+    minutes = round((back_to_running(timeline.events) - killed_at) / 60 * PRODUCTION_GPU_NODES, 2)
     _report({"scenario": "real node: head pod lost mid-run", "outcome": "resumed in the same RayJob, SUCCEEDED",
              "gpu_nodes": PRODUCTION_GPU_NODES, "gpu_node_minutes_lost": minutes, "limit": ""})
