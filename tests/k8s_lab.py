@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -460,3 +461,25 @@ def running_operator_args(lab: Lab) -> list[str]:
 
 def load_manifests(path: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(Path(path).read_text()) if doc]
+
+
+REPORT = REPO_ROOT / "dist" / "cluster-report.json"
+"""Every failure scenario of both cluster tiers (tests/cluster, tests/cluster_real): a list of {"scenario", "outcome",
+"gpu_nodes", "gpu_node_minutes_lost", "limit"} (+ its timeline), the issue's format."""
+
+
+def write_report(rows: list[dict]) -> None:
+    """Put `rows` into REPORT, replacing earlier rows of the same scenarios and keeping the others.
+
+    Both tiers write it, from the two pytest processes of `make test`: the read-modify-write holds an exclusive
+    lock, so neither loses the other's rows.
+    """
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    with open(REPORT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            kept = json.loads(REPORT.read_text())
+            kept = [r for r in kept if r["scenario"] not in {x["scenario"] for x in rows}]
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = []
+        REPORT.write_text(json.dumps(kept + rows, indent=1) + "\n")

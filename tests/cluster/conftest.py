@@ -9,7 +9,6 @@ add-on (tests/k8s_lab.py `operator_settings`); the operator timers the scenarios
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import tempfile
@@ -103,24 +102,16 @@ def synthesize_variant(name: str, overrides: dict, directory: Path) -> Synthesiz
     return Synthesized(name=name, file=file, config=config, templates=synthesized("cluster").templates, dist=dist)
 
 
-REPORT = REPO / "dist" / "cluster-report.json"
-"""Every scenario's row: {"scenario", "outcome", "gpu_nodes", "gpu_node_minutes_lost", "limit"} (+ its timeline)."""
 _rows: list[dict] = []
 
 
 def record(*, scenario: str, outcome: str, gpu_nodes: int, gpu_node_minutes_lost: float, limit: str,
            timeline: list | None = None) -> None:
-    """Add a scenario's row; written to REPORT as the session ends (rows of other scenarios already there stay)."""
+    """Add a scenario's row; written to `k8s_lab.REPORT` as the session ends (other scenarios' rows stay)."""
     _rows.append({"scenario": scenario, "outcome": outcome, "gpu_nodes": gpu_nodes,
                   "gpu_node_minutes_lost": gpu_node_minutes_lost, "limit": limit, "timeline": timeline or []})
 
 
 def pytest_sessionfinish(session):
-    if not _rows:
-        return
-    try:
-        kept = [r for r in json.loads(REPORT.read_text()) if r["scenario"] not in {x["scenario"] for x in _rows}]
-    except (OSError, ValueError, KeyError, TypeError):
-        kept = []
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(json.dumps(kept + _rows, indent=1) + "\n")
+    if _rows:
+        k8s_lab.write_report(_rows)

@@ -12,7 +12,7 @@ the test's S3 server on the node's bridge address. The RayJob is the `dist/` out
    checkpoint, and the same RayJob ends SUCCEEDED with no backoffLimit retry (status.failed stays unset, one
    RayCluster, one submitter pod).
 
-Each run prints its timeline and writes its entry to dist/cluster-real-report.json.
+Each run prints its timeline and writes its entry to dist/cluster-report.json (beside the cluster tier's scenarios).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import k8s_lab
 from tests.cluster_real import harness, image, substitutions
 from tests.cluster_real.harness import NAMESPACE, S3, Lab, Node, Timeline, wait
 from tests.waiting import wait_for
@@ -34,7 +35,6 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.cluster_real]
 
 LAB_FILE = harness.REPO / "tests" / "fixtures" / "cluster-real.yaml"
-REPORT = harness.REPO / "dist" / "cluster-real-report.json"
 RUN_TIMEOUT_S = 900
 # Production values for the report's cost (docs/failure-handling.md): the GPU nodes of the reference file.
 PRODUCTION_GPU_NODES = 2
@@ -193,10 +193,7 @@ def back_to_running(events: list[tuple[float, str]]) -> float:
 
 
 def _report(entry: dict) -> None:
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    entries = json.loads(REPORT.read_text()) if REPORT.exists() else []
-    entries = [e for e in entries if e["scenario"] != entry["scenario"]] + [entry]
-    REPORT.write_text(json.dumps(entries, indent=2) + "\n")
+    k8s_lab.write_report([entry])
 
 
 def test_only_declared_substitutions(cluster):
