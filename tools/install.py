@@ -163,14 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     packages = sum(1 for line in args.requirements.read_text().splitlines()
                    if re.match(r"^[A-Za-z0-9]", line.strip()))
     if not python.exists():
-        log(f"[1/3] creating the Python environment {args.venv} ({args.python} -m venv)")
-        subprocess.run([args.python, "-m", "venv", str(args.venv)], check=True)
+        # venv's ensurepip took 250 s on the loaded machine (bench/newcomer.py): under a heartbeat too.
+        code = run_labelled(f"setup: [1/3] creating the Python environment {args.venv}",
+                            [args.python, "-m", "venv", str(args.venv)])
+        if code != 0:
+            return code
     else:
         log(f"[1/3] {args.venv} exists: updating it to {args.requirements}")
     uv = args.venv / "bin" / "uv"
     uv_pin = pinned(UV_PIN_FILE, "uv")
-    log(f"[2/3] installing the installer {uv_pin} with pip (one wheel, a few seconds)")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", uv_pin], check=True)
+    code = run_labelled(f"setup: [2/3] installing the installer {uv_pin} with pip (one wheel)",
+                        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", uv_pin])
+    if code != 0:
+        return code
     what = f" ({args.what})" if args.what else ""
     log(f"[3/3] installing {packages} pinned packages of {args.requirements} and their dependencies with uv{what}")
     command = [str(uv), "pip", "install", "--python", str(python), *uv_flags(pip_config(python)),
