@@ -27,7 +27,7 @@ def _cdk_synth(cwd, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cdk_synth_refuses_a_bad_variable_file(tmp_path):
-    for item in ("app.py", "cdk.json", "config", "stacks"):
+    for item in ("app.py", "cdk.json", "config", "stacks", "tools"):
         src = REPO / item
         (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / item)
     for item in (".venv", "node_modules", "package.json"):
