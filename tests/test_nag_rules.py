@@ -27,8 +27,9 @@ def _violations(tmp_path, properties: dict) -> list[str]:
     from aws_cdk import aws_eks
 
     from stacks.nag import project_checks
+    from tests.helpers import cdk_app
 
-    app = cdk.App(outdir=str(tmp_path), context={"@aws-cdk/core:validationReportJson": True})
+    app = cdk_app(outdir=str(tmp_path), context={"@aws-cdk/core:validationReportJson": True})
     stack = cdk.Stack(app, "Bad")
     vpc = properties.get("ResourcesVpcConfig", {})
     logging = properties.get("Logging", {}).get("ClusterLogging", {}).get("EnabledTypes")
