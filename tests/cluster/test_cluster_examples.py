@@ -96,8 +96,10 @@ def test_a_config_that_cannot_fit_is_refused_and_the_scheduler_says_why(crds, tm
     try:
         lab.apply(applied)
 
+        # The scheduler's per-node verdict ("0/4 nodes are available: ..."); a "no nodes available" event can come
+        # first when its cache has not seen the new nodes yet (seen once under load), and is followed by this one.
         def reason():
-            return [m for m in deploy.scheduling_events(lab, ns) if "-head-" in m]
+            return [m for m in deploy.scheduling_events(lab, ns) if "-head-" in m and "nodes are available" in m]
 
         def seen() -> str:
             pods = [(p.metadata.name, p.status.phase) for p in deploy.namespace_pods(lab, ns)]
