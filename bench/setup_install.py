@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -25,36 +24,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tools.install import pip_config, uv_flags  # noqa: E402  (the same translation make setup uses)
+
 REQUIREMENTS = REPO / "requirements.txt"
-
-
-def pip_config() -> dict[str, list[str]]:
-    """pip's effective find-links, extra-index-url and constraint settings (environment and files)."""
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                         check=False).stdout
-    found: dict[str, list[str]] = {"find-links": [], "extra-index-url": [], "index-url": [], "constraint": []}
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        name = key.rpartition(".")[2]
-        if name in found:
-            for item in shlex.split(value.strip().strip("'\"")):
-                if item not in found[name]:
-                    found[name].append(item)
-    return found
-
-
-def uv_flags(config: dict[str, list[str]]) -> list[str]:
-    flags = []
-    for url in config["index-url"]:
-        flags += ["--default-index", url]
-    for url in config["extra-index-url"]:
-        flags += ["--index", url]
-    for path in config["find-links"]:
-        flags += ["--find-links", path]
-    for path in config["constraint"]:
-        flags += ["--constraint", path]
-    # pip takes the best version across every index; uv's default stops at the first index that has the name.
-    return flags + ["--index-strategy", "unsafe-best-match"]
 
 
 def freeze(venv: Path) -> list[str]:
@@ -89,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     env = {**os.environ, "PIP_NO_CACHE_DIR": "1"}
-    config = pip_config()
+    config = pip_config(Path(sys.executable))
     base = sys.executable if not hasattr(sys, "_base_executable") else sys._base_executable
     times = {}
     try:
