@@ -77,8 +77,9 @@ def offline_notes(config: ClusterConfig) -> list[str]:
                  "them with AWS credentials)")
     notes.append(f"ray.kuberay_version: chart kuberay-operator {config.ray.kuberay_version} not confirmed in its "
                  "Helm repository (offline; --online reads its index.yaml)")
-    notes.append("cluster.worker_groups.*.deployed: not compared with the node groups EKS has (offline; --online "
-                 "asks EKS ListNodegroups/DescribeNodegroup)")
+    if _owned_groups(config):
+        notes.append("cluster.worker_groups.*.deployed: not compared with the node groups EKS has (offline; --online "
+                     "asks EKS ListNodegroups/DescribeNodegroup)")
     notes.append(f"EKS add-on versions ({', '.join(f'{n} {v}' for n, v in addon_pins(config).items())}): not "
                  "confirmed for this region (offline; --online asks EKS DescribeAddonVersions)")
     if config.storage.existing_bucket:
@@ -266,6 +267,13 @@ def existing_node_groups(config: ClusterConfig, eks) -> dict[str, str] | None:
     return groups
 
 
+def _owned_groups(config: ClusterConfig) -> list:
+    """(index, group) of the worker groups whose template depends on `deployed`: under the autoscaler, or a capacity
+    block's (stacks/efa_nodegroup.py); the others keep DesiredSize = nodes whatever the flag says."""
+    return [(i, g) for i, g in enumerate(config.cluster.worker_groups)
+            if config.autoscaling.enabled or g.capacity == "capacity_block"]
+
+
 def check_node_groups(config: ClusterConfig, found: Findings, eks) -> None:
     """Each worker group's `deployed` against the node groups EKS has, for the groups where the flag changes the
     template (under the autoscaler, or a capacity block: stacks/efa_nodegroup.py).
@@ -279,8 +287,7 @@ def check_node_groups(config: ClusterConfig, found: Findings, eks) -> None:
     creation (the deploy rolls back); `deployed: false` for one that exists keeps DesiredSize = the minimum in the
     template, and the next min_nodes/max_nodes change resizes the group to it, terminating the nodes of a running
     job."""
-    owned = [(i, g) for i, g in enumerate(config.cluster.worker_groups)
-             if config.autoscaling.enabled or g.capacity == "capacity_block"]
+    owned = _owned_groups(config)
     if not owned:
         return
     name = config.cluster.name
@@ -303,8 +310,9 @@ def check_node_groups(config: ClusterConfig, found: Findings, eks) -> None:
             where = f"there is no cluster {name}" if existing is None else f"cluster {name} has no node group for it"
             found.problems.append(Problem(path=path, message=(
                 f"true, but {where} (EKS ListNodegroups): the template would create worker group '{group.name}' "
-                "without ScalingConfig.DesiredSize, and EKS needs all three sizes to create a node group, so the "
-                "deploy would fail and roll back. Set deployed: false until a deploy has created it (after a "
+                "without ScalingConfig.DesiredSize, while EKS documents that creating a node group takes all three "
+                "sizes or none (NodegroupScalingConfig), so expect the creation to fail and the deploy to roll back. "
+                "Set deployed: false until a deploy has created it (after a "
                 "teardown too; docs/lifecycle.md, 'The first deploy and deployed: true')")))
 
 

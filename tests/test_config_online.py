@@ -81,6 +81,8 @@ def test_offline_check_names_what_it_skipped_and_sends_nothing(tmp_path, hub):
     assert any("job.model 'Qwen/Qwen2.5-1.5B' is on the Hugging Face Hub: not checked" in n for n in notes)
     assert any("job.dataset 'yahma/alpaca-cleaned'" in n for n in notes)
     assert any("AWS quota, instance offering and capacity reservation: not checked" in n for n in notes)
+    assert any("cluster.worker_groups.*.deployed: not compared with the node groups EKS has (offline" in n
+               for n in notes)
     assert hub.paths == []
 
 
