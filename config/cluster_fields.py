@@ -154,7 +154,8 @@ class WorkerGroup(_Strict):
                     "the autoscaler the template then leaves ScalingConfig.DesiredSize out, so a later deploy "
                     "(a max_nodes or min_nodes change among them) keeps the size the Cluster Autoscaler set; "
                     "false writes DesiredSize = the group minimum, which creating a node group needs "
-                    "(docs/lifecycle.md).",
+                    "(docs/lifecycle.md). `python -m config check --online` compares it with the node groups EKS "
+                    "has and refuses a mismatch either way.",
         json_schema_extra=limit("EKS API NodegroupScalingConfig: all or none of the sizes at creation; "
                                 "CloudFormation takes no action when DesiredSize is removed"),
     )
