@@ -71,6 +71,14 @@ def _metadata(config: ClusterConfig, object_name: str, *, namespaced: bool = Tru
     return meta
 
 
+def checkov_reasons(config: ClusterConfig) -> dict[str, str]:
+    """checkov findings the Deployment's design needs, and why (on the Deployment, where checkov reads them)."""
+    skips = dict(CHECKOV_REASONS)
+    if not config.ray.image_by_digest:
+        skips.update([ray.CHECKOV_TAG])
+    return skips
+
+
 def deployment_spec(config: ClusterConfig, code: bundle.CodeBundle) -> dict:
     keys = {bundle.flatten(path) for path in FILES}
     missing = sorted(keys - set(code.data))
@@ -93,16 +101,13 @@ def deployment_spec(config: ClusterConfig, code: bundle.CodeBundle) -> dict:
                             "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
     }
-    skips = dict(CHECKOV_REASONS)
-    if not config.ray.image_by_digest:
-        skips.update([ray.CHECKOV_TAG])
     return {
         "replicas": 1,
         # Never two at once: both would delete the same objects (harmless, but two log lines per decision).
         "strategy": {"type": "Recreate"},
         "selector": {"matchLabels": pod_labels(config)},
         "template": {
-            "metadata": {"labels": pod_labels(config), "annotations": checkov_skips(skips)},
+            "metadata": {"labels": pod_labels(config)},
             "spec": {
                 "serviceAccountName": name(config),
                 "automountServiceAccountToken": True,
@@ -143,7 +148,8 @@ class WatchdogChart(cdk8s.Chart):
                                 _metadata(config, cluster_role, namespaced=False),
                                 roleRef={"apiGroup": rbac, "kind": "ClusterRole", "name": cluster_role},
                                 subjects=subject)
-        self.deployment = obj("Deployment", "apps/v1", "Deployment", _metadata(config, own),
+        self.deployment = obj("Deployment", "apps/v1", "Deployment",
+                              _metadata(config, own, annotations=checkov_skips(checkov_reasons(config))),
                               spec=deployment_spec(config, code))
         # It serves nothing, and its one peer is the API server: egress to TCP 443 only (the `kubernetes` Service's
         # port and, on EKS, its endpoints' port; their addresses are the control plane's ENIs, unknown at synth

@@ -222,6 +222,11 @@ def test_pods_on_ready_nodes_or_within_the_limit_are_left_alone():
 
 # ---------------------------------------------------------------- all rules at once
 
+def test_a_rayjob_the_operator_has_not_given_a_status_yet_decides_nothing():
+    fresh = {"metadata": {"name": "ray-efa-job", "namespace": "ray"}}  # the cluster tier met one: no `status`
+    assert decide(snap(fresh, [submitter(phase="Pending", created=1000), worker(deleted_ago=1)]), NOW, S) == []
+
+
 def test_decide_deletes_a_rayjob_once_whichever_rules_ask():
     pods = [submitter(phase="Pending", created=1000), head(restarts=5)]
     decisions = decide(snap(rayjob(), pods), NOW, S)

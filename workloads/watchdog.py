@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from workloads.stopping import Delete, ended, no_rule_frees, stop_plan
+from workloads.stopping import Delete, ended, no_rule_frees, status_of, stop_plan
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SUBMITTER_JOB_LABEL = "batch.kubernetes.io/job-name"
@@ -135,7 +135,7 @@ def submitter_rule(snap: Snapshot, now: float, s: Settings) -> list[Decision]:
     """The submitter Job exists (RayJob Running) but no pod of it runs or ran for `submitter_start_s`: since the
     newest pod's creation (a retried pod gets its own time), or since the Job's when it has made no pod."""
     job = snap.rayjob
-    if not _running_job(job) or job["status"].get("jobDeploymentStatus") != "Running" or snap.submitter_job is None:
+    if not _running_job(job) or status_of(job).get("jobDeploymentStatus") != "Running" or snap.submitter_job is None:
         return []
     pods = [p for p in snap.pods if _labels(p).get(SUBMITTER_JOB_LABEL) == s.rayjob]
     if any(_phase(p) in ("Running", "Succeeded") for p in pods):
@@ -158,7 +158,7 @@ def head_rule(snap: Snapshot, now: float, s: Settings) -> list[Decision]:
     job = snap.rayjob
     if not _running_job(job):
         return []
-    cluster = job["status"].get("rayClusterName")
+    cluster = status_of(job).get("rayClusterName")
     heads = [p for p in snap.pods if cluster and _labels(p).get(RAY_CLUSTER_LABEL) == cluster
              and _labels(p).get(RAY_NODE_TYPE_LABEL) == "head" and not _deleting(p)]
     for head in heads:
@@ -184,12 +184,12 @@ def stopped_rule(snap: Snapshot, now: float, s: Settings) -> list[Decision]:
     job = snap.rayjob
     if job is None or _deleting(job) or not no_rule_frees(job):
         return []
-    cluster = job["status"].get("rayClusterName")
+    cluster = status_of(job).get("rayClusterName")
     present = [c for c in snap.rayclusters if _name(c) == cluster and not _deleting(c)]
     if not present:
         return []
     plan, how = stop_plan(job)
-    return [Decision("stopped", plan, f"jobStatus {job['status'].get('jobStatus')}: no deletion rule matches it "
+    return [Decision("stopped", plan, f"jobStatus {status_of(job).get('jobStatus')}: no deletion rule matches it "
                      f"(rules name SUCCEEDED, FAILED); {how}")]
 
 
@@ -359,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             run_once(api, s, log=lambda line: print(line, flush=True))
-        except (ApiError, OSError, ValueError) as exc:  # the API server away for a moment: try again next pass
-            print(f"watchdog: pass failed: {exc}", file=sys.stderr, flush=True)
+        except Exception as exc:  # noqa: BLE001 - an API server away, an object of an unexpected shape: one line,
+            # and the next pass; the watchdog must outlive anything one pass meets
+            print(f"watchdog: pass failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if args.once:
             return 0
         time.sleep(s.period_s)

@@ -31,7 +31,6 @@ from tests.cluster.test_cluster_scenarios import (
     finish_submitter,
     gpu_pods,
     jobs_client,
-    rayjob_manifest,
     start_run,
     submitter_pods,
     wait_job,
@@ -103,8 +102,8 @@ class Watchdog:
 
 
 @pytest.fixture(scope="module")
-def env(lab, tmp_path_factory):
-    """config/cluster.yaml's nodes, ray-base and the watchdog's RBAC applied, the watchdog running, a real Ray head."""
+def base(lab, tmp_path_factory):
+    """config/cluster.yaml's nodes, ray-base and the watchdog's RBAC applied, and the watchdog running."""
     folder = tmp_path_factory.mktemp("watchdog")
     synth = synthesize_variant("watchdog", LIMITS, folder)
     deploy.install_addon_crds(lab)
@@ -116,8 +115,7 @@ def env(lab, tmp_path_factory):
     watchdog = None
     try:
         watchdog = Watchdog(lab, synth, folder)
-        with ray_head() as head:
-            yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": head, "watchdog": watchdog}
+        yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": None, "watchdog": watchdog}
     finally:
         if watchdog is not None:
             watchdog.stop()
@@ -125,6 +123,20 @@ def env(lab, tmp_path_factory):
             lab.delete(watchdog.rbac)
         deploy.remove(lab, applied, ns)
         deploy.delete_nodes(lab, nodes)
+
+
+@pytest.fixture(scope="module")
+def env(base):
+    """`base` and a real Ray head in a network namespace, for the scenarios that run a Ray job (started only for
+    them: the submitter and crash-loop scenarios never reach the Jobs API)."""
+    with ray_head() as head:
+        yield {**base, "head": head}
+
+
+def _rayjob_without_head(synth) -> list[dict]:
+    """The RayJob and its NetworkPolicy as dist/ has them (no Ray head behind the head pod: these scenarios end
+    before the operator would ask it anything)."""
+    return [o for o in deploy.manifests(synth.dist, deploy.JOB) if o["kind"] != "PodMonitor"]
 
 
 def _gpu_nodes() -> int:
@@ -159,14 +171,15 @@ def _decided(env, rule: str, timeline, timeout_s: float = 90) -> str:
     return line
 
 
-def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(env):
+def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(base):
     """(c) The submitter pod cannot be scheduled (system nodes cordoned once the head is placed): the RayJob is Running
     and KubeRay 1.7.0 would hold the GPU workers until activeDeadlineSeconds (12 h, 1460 GPU node minutes measured
     before the watchdog). The watchdog deletes the RayJob `job.submitter_start_minutes` after the pod was created."""
+    env = base
     lab, ns = env["lab"], env["ns"]
     timeline = deploy.Timeline("submitter-cannot-start")
     system = [n for n, s in env["nodes"].items() if s.labels.get("ray-efa.io/role") == "system"]
-    objects = rayjob_manifest(env["synth"], env["head"].ip)
+    objects = _rayjob_without_head(env["synth"])
     lab.apply(objects)
     try:
         wait_for(lambda: any(p.spec.node_name for p in deploy.namespace_pods(lab, ns, "ray.io/node-type=head")), 60,
@@ -198,14 +211,15 @@ def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(env):
         _cleanup(env, objects)
 
 
-def test_a_head_in_a_crash_loop_is_bounded_by_the_watchdog(env):
+def test_a_head_in_a_crash_loop_is_bounded_by_the_watchdog(base):
     """(d) The head container restarts (kwok runs no container: its status is written through the status
     subresource, as the kubelet would after three crashes): KubeRay 1.7.0 would wait in Initializing for a Ready
     cluster until preRunningDeadlineSeconds and retry on a new cluster, (retries + 1) x 30 min. The watchdog deletes
     the RayJob at `job.head_restart_limit` restarts."""
+    env = base
     lab, ns = env["lab"], env["ns"]
     timeline = deploy.Timeline("head-crash-loop")
-    objects = rayjob_manifest(env["synth"], env["head"].ip)
+    objects = _rayjob_without_head(env["synth"])
     lab.apply(objects)
     try:
         head = wait_for(lambda: next((p for p in deploy.namespace_pods(lab, ns, "ray.io/node-type=head")
