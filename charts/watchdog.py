@@ -3,7 +3,7 @@
 `python -m workloads.watchdog` (its docstring has the rules and the KubeRay lines) in one small Deployment on the
 system nodes, in the Ray image the RayJob already uses (pre-pulled there; no new image), running the three files it
 needs from the code ConfigMap of `ray-base`. Its service account may, in the Ray namespace only, read the RayJob,
-the RayClusters, the pods and the submitter Jobs, and delete RayJobs, RayClusters and pods; and, cluster-wide, get and
+the RayClusters, the pods and the submitter Jobs, and delete them; and, cluster-wide, get and
 list nodes (the node-lost rule must tell a NotReady node from a Ready one). Nothing else: no create, no patch, no
 secrets. Apply it after `ray-base` and before `ray-job`; it watches the RayJob by name, so it can stay applied across
 runs.
@@ -28,10 +28,11 @@ RESOURCES = {"cpu": "10m", "memory": "64Mi"}
 RULES = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "delete"]},
 ]
-"""The Role: reads what the rules look at; deletes what they delete (workloads.stopping `Delete.resource`).
-`watch` is granted for a later informer; the loop lists."""
+"""The Role: reads what the rules look at; deletes what they delete (workloads.stopping `Delete.resource`: the
+submitter Job too, at once rather than on the garbage collector's schedule; the cluster tier's run as this Role
+got 403 on it before `delete` was granted). `watch` is granted for a later informer; the loop lists."""
 NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
 
 CHECKOV_REASONS = {

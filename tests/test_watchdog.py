@@ -298,7 +298,8 @@ def test_the_watchdog_chart_is_least_privilege_and_runs_the_rendered_limits(tmp_
              for r in rule["resources"]}
     assert verbs == {("ray.io", "rayjobs"): {"get", "list", "watch", "delete"},
                      ("ray.io", "rayclusters"): {"get", "list", "watch", "delete"},
-                     ("", "pods"): {"get", "list", "watch", "delete"}, ("batch", "jobs"): {"get", "list", "watch"}}
+                     ("", "pods"): {"get", "list", "watch", "delete"},
+                     ("batch", "jobs"): {"get", "list", "watch", "delete"}}
     assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
     spec = by_kind["Deployment"]["spec"]
     pod_spec = spec["template"]["spec"]
