@@ -174,6 +174,13 @@ class AutoscalingConfig(_Strict):
         description="Minutes a GPU node must be unneeded (no Ray pod) before the autoscaler removes it, minutes.",
         json_schema_extra=limit("project bound: one day"),
     )
+    node_lost_seconds: int = Field(
+        default=60, ge=0, le=3600,
+        description="Seconds a Ray worker pod stays bound to a NotReady or unreachable node before it is evicted "
+        "(its tolerationSeconds; Kubernetes' DefaultTolerationSeconds admission plugin gives 300), and how long "
+        "the watchdog then lets it stay Terminating before it force-deletes it so KubeRay replaces it, seconds.",
+        json_schema_extra=limit("pod tolerationSeconds (int64); project bound: one hour"),
+    )
 
 
 class ClusterSection(_Strict):
