@@ -296,8 +296,8 @@ class JobConfig(_Strict):
     head_ready_minutes: float = Field(
         allow_inf_nan=False, default=10, gt=0, le=24 * 60,
         description="Minutes the Ray head pod may stay not Ready before the watchdog deletes the RayJob, minutes; "
-        "below job.start_deadline_minutes, so the watchdog acts first.",
-        json_schema_extra=limit("below job.start_deadline_minutes (rule); project bound: one day"),
+        "below job.start_deadline_minutes (when job.watchdog is on), so the watchdog acts first.",
+        json_schema_extra=limit("below job.start_deadline_minutes with job.watchdog (rule); project bound: one day"),
     )
 
     @field_validator("mlflow_tracking_uri")

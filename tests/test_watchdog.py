@@ -277,6 +277,14 @@ def test_a_head_ready_limit_not_below_the_start_deadline_is_refused(tmp_path):
     assert "lower job.head_ready_minutes or raise job.start_deadline_minutes" in message
 
 
+def test_without_the_watchdog_the_head_ready_limit_binds_nothing(tmp_path):
+    """The EC2 target and a run with job.watchdog off: nothing reads head_ready_minutes, so a short start
+    deadline (the EC2 tier's 0.5 min) stays valid."""
+    path = write_variant(tmp_path, {"job": {"watchdog": False, "head_ready_minutes": 10,
+                                            "start_deadline_minutes": 0.5}})
+    assert load_config(path).job.start_deadline_minutes == 0.5
+
+
 # ---------------------------------------------------------------- the chart and the worker pods
 
 def _objects(tmp_path, overrides=None) -> dict:
