@@ -20,8 +20,8 @@ CI_RUN = REPO / ".ci" / "run"
 # What the workflow may pass to .ci/run: where pip (and so uv) finds torch's CPU build. Anything else (PYTEST_ADDOPTS,
 # TEST_TIER, TEST_WORKERS, CI, a marker) would make the workflow's run differ from ours.
 ALLOWED_ENV = {"PIP_EXTRA_INDEX_URL"}
-# The actions it uses. helm/kind-action brings kind and its node image, the one download outside tools/pins.py
-# (the cluster-kind job; docs/setup.md "CI" says so).
+# The actions it uses. helm/kind-action brings kind and its node image (the cluster-kind job), at the pins table's
+# `ci` versions and digest (test below).
 ALLOWED_ACTIONS = {"actions/checkout", "actions/setup-python", "actions/setup-node", "helm/kind-action"}
 
 
@@ -99,3 +99,15 @@ def test_a_github_only_skip_fails_our_ci():
     nodeid, reason = "tests/cluster/test_cluster_lab.py::test_lab_starts", k8s_lab.HOW_TO_GET
     assert entry.matches(nodeid, reason, {"CI": "true", "GITHUB_ACTIONS": "true"})
     assert not entry.matches(nodeid, reason, {"CI": "true"})
+
+
+def test_kind_and_its_node_image_are_the_pinned_ones():
+    from tools import pins
+
+    kind_steps = [s for job in _workflow()["jobs"].values() for s in job["steps"]
+                  if s.get("uses", "").startswith("helm/kind-action@")]
+    assert kind_steps, "the cluster-kind job uses helm/kind-action"
+    for step in kind_steps:
+        assert step["with"] == {"version": pins.pin("kind").version, "node_image": pins.kind_node_image()}
+    assert pins.kind_node_image().endswith("@sha256:" + pins.pin("kindest/node").sha256)
+    assert len(pins.pin("kindest/node").sha256) == 64

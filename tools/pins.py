@@ -27,6 +27,10 @@ Kinds:
     nowhere, so a clone without the mirror cannot download them: `url` says where the sources are, and the error
     says to build them (upstream's release binaries of the same versions work the same way but have other
     digests, so they are refused here by design). `sha256` is the .xz file's; `unpacked_sha256` the program's.
+  * `ci`: what only the GitHub workflow's `cluster-kind` job uses, which the job's actions download themselves (kind
+    and its node image through helm/kind-action): `sha256` is the image's manifest digest, or empty for a release
+    the action fetches by tag. Never fetched here (this machine has no Docker registry); tests/test_ci_workflow.py
+    checks that the workflow names exactly these versions and this digest.
 
 `python -m tools.pins` (run by `make setup`) resolves every chart and file, printing one line per artifact and
 where it came from; `--list` prints the table; `--binaries` also checks the cluster tiers' programs.
@@ -79,7 +83,7 @@ class Pin:
     name: str
     """The key: a file name, a chart's `<chart>-<version>` folder, or a program's name."""
     kind: str
-    """`file`, `chart` or `binary` (module docstring)."""
+    """`file`, `chart`, `binary` or `ci` (module docstring)."""
     version: str
     """The upstream version (a chart's chart version, a release tag)."""
     url: str
@@ -174,6 +178,14 @@ _TABLE: tuple[Pin, ...] = (
         mirror="k8s/bin/kuberay-operator.xz",
         sha256="6d1d54bbc217ab90b95a1ad62e078e39977448ec616e57887622719bb67fbd09",
         unpacked_sha256="30fe2a9c824a9fd91d34735a5d99fba956e5967f3a6f5a3c64df33fdb191ae7b"),
+    # The GitHub workflow's cluster-kind job: kind v0.30.0 and the node image its release notes list for
+    # Kubernetes 1.34 (https://github.com/kubernetes-sigs/kind/releases/tag/v0.30.0), pinned by digest so the
+    # runner cannot get another build of the same tag.
+    Pin(name="kind", kind="ci", version="v0.30.0", url="https://github.com/kubernetes-sigs/kind/releases/tag/v0.30.0",
+        mirror="", sha256=""),
+    Pin(name="kindest/node", kind="ci", version="v1.34.0",
+        url="https://github.com/kubernetes-sigs/kind/releases/tag/v0.30.0", mirror="",
+        sha256="7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a"),
     # k8s-node/bin/SHA256SUMS lists only the .xz files: the unpacked digest is checked when it is known.
     Pin(name="kubelet", kind="binary", version="v1.34.9", url=_K8S_BUILD, mirror="k8s-node/bin/kubelet.xz",
         sha256="a3a9485b13146fdd4f2dd2729a7e7d5646081db83afff65546f4183637e0c129"),
@@ -219,6 +231,12 @@ def pin(name: str) -> Pin:
 def of_kind(kind: str) -> list[Pin]:
     """Every pin of one kind, in table order."""
     return [p for p in _TABLE if p.kind == kind]
+
+
+def kind_node_image() -> str:
+    """The kind node image the workflow's cluster-kind job runs, by tag and digest."""
+    p = pin("kindest/node")
+    return f"{p.name}:{p.version}@sha256:{p.sha256}"
 
 
 def chart_version(chart: str) -> str:
@@ -307,6 +325,9 @@ def fetch(name: str, *, dirs: Sequence[Path] = (), repo_root: Path = REPO_ROOT,
     """The verified local path of artifact `name`, and where it came from (`local` or the URL it was downloaded
     from). `dirs` are looked in before the mirror; `url` replaces a file pin's download URL (a mirror of it)."""
     p = pin(name)
+    if p.kind == "ci":
+        raise PinError(f"{name} {p.version}: used only by the GitHub workflow's own actions (kind), never fetched "
+                       "here (tools/pins.py `ci`)")
     found = locate(name, dirs=dirs, repo_root=repo_root, environ=environ)
     if found is not None:
         return found, "local"
@@ -440,7 +461,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         for p in _TABLE:
             print(f"{p.name}\t{p.version}\t{p.url}\t{p.sha256}")
         return 0
-    names = args.names or [p.name for p in _TABLE if p.kind != "binary" or args.binaries]
+    names = args.names or [p.name for p in _TABLE if p.kind in ("chart", "file") or (p.kind == "binary" and args.binaries)]
     start = time.monotonic()
     for i, name in enumerate(names, 1):
         try:
