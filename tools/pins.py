@@ -461,7 +461,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         for p in _TABLE:
             print(f"{p.name}\t{p.version}\t{p.url}\t{p.sha256}")
         return 0
-    names = args.names or [p.name for p in _TABLE if p.kind in ("chart", "file") or (p.kind == "binary" and args.binaries)]
+    kinds = ("chart", "file", "binary") if args.binaries else ("chart", "file")
+    names = args.names or [p.name for p in _TABLE if p.kind in kinds]
     start = time.monotonic()
     for i, name in enumerate(names, 1):
         try:
