@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Strict(BaseModel):
@@ -25,6 +25,13 @@ class Problem:
 def limit(source: str) -> dict[str, str]:
     """`json_schema_extra` naming the source of a field's limit (the API or artifact that parses the value)."""
     return {"limit_source": source}
+
+
+def minutes_up_to_a_day(*, default: float, description: str, source: str = "project bound: one day"):
+    """A field of minutes: finite, above zero, at most one day (1440), which every Kubernetes seconds field it
+    becomes (int32) holds; `source` names any tighter limit."""
+    return Field(allow_inf_nan=False, default=default, gt=0, le=24 * 60, description=description,
+                 json_schema_extra=limit(source))
 
 
 def any_value(reason: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from config.base import INT32_MAX, _Strict, limit
+from config.base import INT32_MAX, _Strict, limit, minutes_up_to_a_day
 from config.hub import SECRET_NAME_MAX, check_kms_key_arn, check_secret_id
 from config.s3 import S3Location, parse_s3_uri
 
@@ -261,12 +261,12 @@ class JobConfig(_Strict):
         "as soon as the job ends (KubeRay deletionRules).",
         json_schema_extra=limit("RayJob ttlSecondsAfterFinished: int32 seconds"),
     )
-    start_deadline_minutes: float = Field(
-        allow_inf_nan=False, default=30, gt=0, le=24 * 60,
+    start_deadline_minutes: float = minutes_up_to_a_day(
+        default=30,
         description="RayJob preRunningDeadlineSeconds, minutes: how long one attempt may wait for its whole Ray "
         "cluster (GPU nodes from zero, image pull) before it fails as PreRunningDeadlineExceeded, e.g. with no "
         "GPU capacity or too small a quota. KubeRay 1.7.0 retries that failure (job.retries).",
-        json_schema_extra=limit("RayJob preRunningDeadlineSeconds (int32 seconds); project bound: one day"),
+        source="RayJob preRunningDeadlineSeconds (int32 seconds); project bound: one day",
     )
     watchdog: bool = Field(
         default=True,
@@ -280,12 +280,11 @@ class JobConfig(_Strict):
         description="Seconds between two looks of the watchdog at the RayJob, its cluster, pods and nodes, seconds.",
         json_schema_extra=limit("project bound: 5 s (API server load) to 10 min"),
     )
-    submitter_start_minutes: float = Field(
-        allow_inf_nan=False, default=3, gt=0, le=24 * 60,
+    submitter_start_minutes: float = minutes_up_to_a_day(
+        default=3,
         description="Minutes the RayJob's submitter pod may stay not Running (unschedulable, image pull failing) "
         "before the watchdog deletes the RayJob, minutes: KubeRay 1.7.0 counts the RayJob Running once the "
         "submitter Job exists, and then only activeDeadlineSeconds (job.timeout_hours) would end it.",
-        json_schema_extra=limit("project bound: one day"),
     )
     head_restart_limit: int = Field(
         default=3, ge=1, le=1000,
@@ -293,11 +292,11 @@ class JobConfig(_Strict):
         "loop; KubeRay 1.7.0 would wait out job.start_deadline_minutes, times job.retries + 1).",
         json_schema_extra=limit("positive count; project bound"),
     )
-    head_ready_minutes: float = Field(
-        allow_inf_nan=False, default=10, gt=0, le=24 * 60,
+    head_ready_minutes: float = minutes_up_to_a_day(
+        default=10,
         description="Minutes the Ray head pod may stay not Ready before the watchdog deletes the RayJob, minutes; "
         "below job.start_deadline_minutes (when job.watchdog is on), so the watchdog acts first.",
-        json_schema_extra=limit("below job.start_deadline_minutes with job.watchdog (rule); project bound: one day"),
+        source="below job.start_deadline_minutes with job.watchdog (rule); project bound: one day",
     )
 
     @field_validator("mlflow_tracking_uri")
