@@ -40,8 +40,3 @@ def efa_interface_layout(count: int) -> list[EfaInterface]:
         return [EfaInterface(card=0, device=0, kind="efa")]
     return [EfaInterface(card=0, device=0, kind="interface"), EfaInterface(card=0, device=1, kind="efa-only"),
             *(EfaInterface(card=card, device=0, kind="efa-only") for card in range(1, count))]
-
-
-def efa_device_count(layout: list[EfaInterface]) -> int:
-    """EFA devices (`/dev/infiniband/uverbsN`) a node with `layout` exposes: every efa or efa-only interface."""
-    return sum(1 for interface in layout if interface.kind in ("efa", "efa-only"))

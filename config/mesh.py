@@ -56,10 +56,6 @@ class MeshPlan:
         self._check_rank(rank)
         return rank // self.ranks_per_node
 
-    def node_ranks(self, node: int) -> list[int]:
-        """The ranks on node `node`."""
-        return list(range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node))
-
     def shard_group(self, rank: int) -> list[int]:
         """The ranks `rank` shards parameters with (all ranks under full sharding, its node's under hybrid)."""
         self._check_rank(rank)

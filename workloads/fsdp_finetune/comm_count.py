@@ -116,16 +116,6 @@ class CollectiveCounter(TorchDispatchMode):
                                      ring_bytes=ring_bytes(kind, size_bytes=payload, group_size=len(ranks)),
                                      cross_node=cross))
 
-    def totals(self) -> dict[str, int]:
-        """Ring bytes sent by this rank, split by whether the group spans nodes (plus the payloads)."""
-        out = {"cross_node_bytes": 0, "intra_node_bytes": 0, "cross_node_payload_bytes": 0,
-               "intra_node_payload_bytes": 0}
-        for call in self.calls:
-            where = "cross_node" if call.cross_node else "intra_node"
-            out[f"{where}_bytes"] += call.ring_bytes
-            out[f"{where}_payload_bytes"] += call.payload_bytes
-        return out
-
     def table(self) -> list[dict]:
         """One row per (kind, group): calls, payload and ring bytes, whether the group spans nodes."""
         rows: dict[tuple, dict] = defaultdict(lambda: {"calls": 0, "payload_bytes": 0, "ring_bytes": 0})
