@@ -551,17 +551,23 @@ def _run_cluster_job(config: ClusterConfig, job: JobConfig, plan: RunPlan) -> in
         return 1
     from workloads.fsdp_finetune.deadline import (
         EXIT_DEADLINE,
+        NOT_RETRIED,
         DeadlineWatch,
+        current,
         spent_message,
+        stale_after_s,
         start_or_resume,
     )
 
-    # KubeRay restarts activeDeadlineSeconds at every retry: the job's own deadline spans them all.
-    deadline = start_or_resume(plan.run_dir, timeout_s=job.timeout_hours * 3600,
-                               stale_after_s=job.start_deadline_minutes * 60 + 600)
+    # KubeRay restarts activeDeadlineSeconds at every retry: the job's own deadline spans them all. job.sh's first
+    # step recorded it for this attempt (and stopped a spent one before any work); a driver started another way
+    # (`ray job submit ... python -m workloads.fsdp_finetune`) records it here.
+    stale = stale_after_s(job.start_deadline_minutes)
+    deadline = current(plan.run_dir, stale_after_s=stale) or start_or_resume(
+        plan.run_dir, timeout_s=job.timeout_hours * 3600, stale_after_s=stale)
     if deadline.remaining() <= 0:
         stage("deadline")
-        print(spent_message(deadline, job.timeout_hours), file=sys.stderr)
+        print(f"{spent_message(deadline, job.timeout_hours)}; {NOT_RETRIED}", file=sys.stderr)
         return EXIT_DEADLINE
     if config.ray.preflight:
         from workloads.preflight import run_preflight
