@@ -290,7 +290,7 @@ def test_follow_sh_keeps_every_attempts_log_in_the_run_folder(ray_head, moto_ser
     from config import load_config
     from tests.helpers import write_variant
     from tests.loopback import REGION, s3_policy
-    from workloads.fsdp_finetune.deadline import run_dir_of
+    from workloads.fsdp_finetune.run_folder import run_dir_of
 
     bucket = moto_server.create_bucket("follow-submitter-logs")
     (tmp_path / "config").mkdir()

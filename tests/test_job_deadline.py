@@ -74,8 +74,8 @@ def test_a_spent_deadline_ends_with_status_zero_so_kuberay_does_not_retry():
 
 def test_the_run_folder_is_the_drivers(tmp_path):
     from tests.helpers import load_variant
-    from workloads.fsdp_finetune.deadline import run_dir_of
     from workloads.fsdp_finetune.launch import cluster_plan
+    from workloads.fsdp_finetune.run_folder import run_dir_of
 
     config = load_variant(tmp_path, {"storage": {"bucket_name": "runs-bucket"}})
     assert run_dir_of(config) == cluster_plan(config).run_dir
@@ -123,7 +123,8 @@ def test_job_sh_stops_a_spent_job_before_the_plan_with_status_zero(tmp_path, mot
     import subprocess
     import time
 
-    from workloads.fsdp_finetune.deadline import _write, run_dir_of
+    from workloads.fsdp_finetune.deadline import _write
+    from workloads.fsdp_finetune.run_folder import run_dir_of
 
     config, env, calls = _job_sh(tmp_path, moto_server)
     # An earlier attempt of this job started 13 h ago (job.timeout_hours 12) and was alive a minute ago.
@@ -143,7 +144,7 @@ def test_job_sh_stops_a_spent_job_before_the_plan_with_status_zero(tmp_path, mot
 def test_job_sh_records_a_fresh_deadline_then_plans_and_trains(tmp_path, moto_server):
     import subprocess
 
-    from workloads.fsdp_finetune.deadline import run_dir_of
+    from workloads.fsdp_finetune.run_folder import run_dir_of
 
     config, env, calls = _job_sh(tmp_path, moto_server)
     done = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=120)

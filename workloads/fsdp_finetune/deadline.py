@@ -115,13 +115,6 @@ def current(run_dir: str, *, stale_after_s: float, now: float | None = None) -> 
     return JobDeadline(float(record["started"]), float(record["deadline"]), int(record.get("attempt", 1)))
 
 
-def run_dir_of(config) -> str:
-    """The run's folder, as `launch.cluster_plan` names it: `<checkpoint URI>/<job.run_name>`."""
-    from workloads.fsdp_finetune.launch import checkpoint_bucket
-
-    return f"{config.checkpoint_uri(checkpoint_bucket(config)).rstrip('/')}/{config.job.run_name}"
-
-
 def spent_message(deadline: JobDeadline, timeout_hours: float) -> str:
     return (f"job.timeout_hours ({timeout_hours:g} h) is spent: this job started "
             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(deadline.started))}, attempt {deadline.attempt}. "
@@ -178,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_or_exit(resolve_path(chosen_file(parser, args)))
     job = config.job
     try:
+        from workloads.fsdp_finetune.run_folder import run_dir_of
+
         run_dir = run_dir_of(config)
         deadline = start_or_resume(run_dir, timeout_s=job.timeout_hours * 3600,
                                    stale_after_s=stale_after_s(job.start_deadline_minutes))

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         from config import load_config
-        from workloads.fsdp_finetune.deadline import run_dir_of
+        from workloads.fsdp_finetune.run_folder import run_dir_of
 
         uri = keep_submitter_log(run_dir_of(load_config(args.file)), args.submitter_log, args.name)
     except Exception as exc:  # noqa: BLE001 - the job's outcome must not depend on its log copy

@@ -32,6 +32,7 @@ from config.model import ClusterConfig, JobConfig
 from config.observability import PLAN_PREDICTION_FILE
 from config.topology import LOGICAL_GPU_RESOURCE
 from workloads.fsdp_finetune.data import dataset_epochs
+from workloads.fsdp_finetune.run_folder import checkpoint_bucket
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
 LOCAL_SOURCE = "local job"
@@ -180,17 +181,6 @@ def token_problems(job: JobConfig, *, source: str, region: str | None) -> list[S
     except TokenError as exc:
         return [SettingProblem(source, "hf_token_secret", str(exc).removeprefix("job.hf_token_secret: "))]
     return [SettingProblem(source, field, message) for field, message in hub_problems(job, token=current_token())]
-
-
-def checkpoint_bucket(config: ClusterConfig) -> str:
-    """The checkpoint bucket: $CHECKPOINT_BUCKET, the file's `storage.bucket_name`, or the stacks' derived name."""
-    bucket = os.environ.get("CHECKPOINT_BUCKET") or config.storage.bucket_name
-    if not bucket:
-        import boto3
-
-        account = boto3.client("sts", region_name=config.region).get_caller_identity()["Account"]
-        bucket = config.bucket_name(account)
-    return bucket
 
 
 @dataclass
