@@ -427,7 +427,9 @@ def submitter_template(config: ClusterConfig, code: bundle.CodeBundle) -> PodTem
         image=config.ray.image,
         image_pull_policy="IfNotPresent",
         working_dir=bundle.MOUNT_PATH,
-        env=_env({}),
+        # The job's environment (bucket, region; the code on PYTHONPATH): follow.sh copies its log into the run
+        # folder at exit (workloads.fsdp_finetune.job_logs), with the pods' Pod Identity role.
+        env=_env({"PYTHONPATH": bundle.MOUNT_PATH, "PYTHONDONTWRITEBYTECODE": "1", **job_env(config)}),
         command=["bash", f"{bundle.MOUNT_PATH}/{bundle.FOLLOW_SCRIPT}"],
         resources=ResourceRequirements(requests=dict(SUBMITTER_RESOURCES), limits=dict(SUBMITTER_RESOURCES)),
         volume_mounts=[_code_mount()],

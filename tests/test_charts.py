@@ -363,7 +363,8 @@ def _script_commands(text: str) -> list[list[str]]:
 def test_job_script_plans_then_runs_the_workload_which_runs_preflight_itself(default):
     commands = _script_commands(default.configmap["data"]["job.sh"])
     modules = [c[2] for c in commands if c[:2] == ["python", "-m"]]
-    assert modules == ["workloads.plan", "workloads.fsdp_finetune"]
+    # The job's deadline first (a spent one stops before the plan and any data work), then plan, then train.
+    assert modules == ["workloads.fsdp_finetune.deadline", "workloads.plan", "workloads.fsdp_finetune"]
     assert commands[-2][3] == "/app/config/cluster.yaml"  # the plan reads the mounted file; set -e stops on exit 2
     assert "set -euo pipefail" in default.configmap["data"]["job.sh"]
     assert commands[-1][3:5] == ["--config", "/app/config/cluster.yaml"]
@@ -375,7 +376,8 @@ def test_job_script_plans_then_runs_the_workload_which_runs_preflight_itself(def
 
 def test_explicit_bucket_extra_pip_and_no_preflight(two_groups):
     commands = _script_commands(two_groups.configmap["data"]["job.sh"])
-    assert [c[2] for c in commands if c[:2] == ["python", "-m"]] == ["workloads.plan", "workloads.fsdp_finetune"]
+    assert [c[2] for c in commands if c[:2] == ["python", "-m"]] == [
+        "workloads.fsdp_finetune.deadline", "workloads.plan", "workloads.fsdp_finetune"]
     assert "--storage-path" not in commands[-1]
     runtime_env = yaml.safe_load(two_groups.one("RayJob")["spec"]["runtimeEnvYAML"])
     assert runtime_env["pip"] == ["peft==0.18.0", "tabulate"]

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,74 @@ def test_follow_sh_waits_for_the_jobs_api_before_submitting(ray_head, tmp_path):
         proxy.close()
     assert follow.returncode == 0, errs
     assert "follow.sh: job follow-wait-dashboard ended: SUCCEEDED" in out
+
+
+FAILING_JOB = "import sys; print('bad entrypoint', flush=True); sys.exit(3)"
+
+
+def test_follow_sh_keeps_every_attempts_log_in_the_run_folder(ray_head, moto_server, tmp_path):
+    """Each RayJob attempt (a new submission id, a new submitter pod) copies its whole output to
+    <run folder>/logs/submitter-<id>-<pod>.log at exit, a failed job's included: KubeRay deletes the submitter Job
+    at every retry, and its pod's log with it. A TERM (the pod deleted) copies the log too."""
+    import os
+    import signal
+
+    from config import load_config
+    from tests.helpers import write_variant
+    from tests.loopback import REGION, s3_policy
+    from workloads.fsdp_finetune.run_folder import run_dir_of
+
+    bucket = moto_server.create_bucket("follow-submitter-logs")
+    (tmp_path / "config").mkdir()
+    file = write_variant(tmp_path / "config", {"storage": {"bucket_name": bucket}})  # the bundle's path beside it
+    script = tmp_path / "job.py"
+    script.write_text(FAILING_JOB + "\n")
+    release = tmp_path / "release"
+    (tmp_path / "long.py").write_text(JOB)
+    # The stand-in for the bundle's submit.sh (as above): a failing entrypoint, or one that runs until released.
+    (tmp_path / bundle.SUBMIT_SCRIPT).write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        'if [ -n "${LONG_JOB:-}" ]; then ARGS="' + f'{tmp_path / "long.py"} {release}' + '"; else ARGS="' +
+        f'{script}"; fi\n'
+        f'exec ray job submit --address "$RAY_JOB_ADDRESS" "$@" -- {sys.executable} $ARGS\n')
+    follow_sh = tmp_path / bundle.FOLLOW_SCRIPT
+    follow_sh.write_text(bundle.follow_script())
+    keys = moto_server.create_user("follow-submitter", s3_policy(bucket))
+    s3_env = {**keys.env(), "AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_REGION": REGION,
+              "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+    base = {**{k: v for k, v in cli_env(ray_head.token).items() if not k.startswith("AWS_")}, **s3_env,
+            "RAY_DASHBOARD_ADDRESS": ray_head.url.removeprefix("http://")}
+    attempts = [("follow-keep-1", "ray-efa-job-abcde"), ("follow-keep-2", "ray-efa-job-fghij")]
+    for job_id, pod in attempts:
+        done = subprocess.run(["bash", str(follow_sh)], env={**base, "RAY_JOB_SUBMISSION_ID": job_id,
+                                                             "HOSTNAME": pod},
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr
+        assert f"follow.sh: job {job_id} ended: FAILED" in done.stdout
+        assert f"submitter log is kept at s3://{bucket}/" in done.stdout
+    # A submitter pod deleted mid-run (TERM from the kubelet): the trap still copies what it had.
+    follow = subprocess.Popen(["bash", str(follow_sh)], env={**base, "RAY_JOB_SUBMISSION_ID": "follow-keep-term",
+                                                              "HOSTNAME": "ray-efa-job-klmno", "LONG_JOB": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: _status(ray_head, "follow-keep-term") == "RUNNING", 180, "the long job to run")
+        time.sleep(3)  # its first lines reach the follower
+        os.kill(follow.pid, signal.SIGTERM)
+        out, errs = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            os.killpg(follow.pid, signal.SIGKILL)
+        release.touch()
+    assert follow.returncode == 143, errs
+    assert "submitter log is kept at" in out
+    prefix = run_dir_of(load_config(file)).removeprefix(f"s3://{bucket}/") + "/logs/"
+    s3 = moto_server.client("s3")
+    kept = {o["Key"].removeprefix(prefix): s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read().decode()
+            for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])}
+    assert sorted(kept) == ["submitter-follow-keep-1-ray-efa-job-abcde.log",
+                            "submitter-follow-keep-2-ray-efa-job-fghij.log",
+                            "submitter-follow-keep-term-ray-efa-job-klmno.log"]
+    for job_id, pod in attempts:
+        text = kept[f"submitter-{job_id}-{pod}.log"]
+        assert "bad entrypoint" in text and f"follow.sh: job {job_id} ended: FAILED" in text
+    assert "line 0" in kept["submitter-follow-keep-term-ray-efa-job-klmno.log"]

@@ -52,3 +52,27 @@ def test_a_restarted_rank_keeps_the_killed_attempts_last_lines(tmp_path):
     logger.warning("resumed")
     text = (tmp_path / "logs" / "rank-1.log").read_text()
     assert text.index("exits abruptly") < text.index("resumed")
+
+
+def test_a_submitter_log_is_kept_under_its_attempts_name_and_capped_at_its_end(tmp_path):
+    from workloads.fsdp_finetune.job_logs import keep_submitter_log
+
+    log = tmp_path / "submitter.log"
+    log.write_text("first\n" + "x" * 100 + "\nlast line\n")
+    run = tmp_path / "run"
+    uri = keep_submitter_log(str(run), log, "submitter-job-1-pod-a.log", max_bytes=20)
+    assert uri.endswith("/logs/submitter-job-1-pod-a.log")
+    kept = (run / "logs" / "submitter-job-1-pod-a.log").read_text()
+    assert kept.startswith("[the first ") and kept.endswith("last line\n") and "first\n" not in kept
+    keep_submitter_log(str(run), log, "submitter-job-2-pod-b.log")
+    assert sorted(p.name for p in (run / "logs").iterdir()) == ["submitter-job-1-pod-a.log",
+                                                                 "submitter-job-2-pod-b.log"]
+
+
+def test_the_submitter_log_copy_never_fails_the_submitter(tmp_path, capsys):
+    from workloads.fsdp_finetune.job_logs import main
+
+    log = tmp_path / "submitter.log"
+    log.write_text("x\n")
+    assert main([str(tmp_path / "missing.yaml"), "--submitter-log", str(log), "--name", "s.log"]) == 0
+    assert "only in its pod's own log" in capsys.readouterr().err

@@ -403,6 +403,16 @@ def test_a_failed_job_names_the_failing_stage(tmp_path, stage, reason, expected)
     assert [r.name for r in rows if r.status == "FAIL"] == ["last job"]  # released GPU nodes are not a failure
 
 
+def test_a_job_stopped_by_its_spent_deadline_fails_though_kuberay_says_succeeded(tmp_path):
+    """A spent job.timeout_hours ends the job with status 0 (no KubeRay retry: workloads/fsdp_finetune/deadline.py),
+    so the RayJob is Complete/SUCCEEDED; the driver's last JOB_STAGE says what happened."""
+    config = load_variant(tmp_path)
+    rows = verify.evaluate(config, **_finished(config, "SUCCEEDED", "Complete"), job_stage="deadline")
+    (job,) = [r for r in rows if r.name == "last job"]
+    assert job.status == "FAIL" and "at stage 'deadline'" in job.detail and "did not retry" in job.detail
+    assert "resubmit" in job.fix
+
+
 def test_no_capacity_says_so(tmp_path):
     config = load_variant(tmp_path)
     rows = verify.evaluate(config, **_finished(config, "PENDING", "Failed", reason="PreRunningDeadlineExceeded",

@@ -422,7 +422,8 @@ _STAGE_FIX = {
                   "python -m workloads.preflight on the cluster for the full table"),
     "train": ("training", "training failed after its retries (job.max_failures)",
               "the driver's log names the error; resubmitting resumes from the last checkpoint"),
-    "deadline": ("deadline", "job.timeout_hours was spent across the RayJob's attempts (the driver stopped it)",
+    "deadline": ("deadline", "job.timeout_hours was spent across the RayJob's attempts (the driver stopped it "
+                 "with status 0, so KubeRay did not retry)",
                  "resubmit to continue from the last checkpoint, or raise job.timeout_hours"),
     "export": ("export", "writing the final model failed", "check the bucket policy and free disk on rank 0's node"),
 }
@@ -444,6 +445,12 @@ def check_job(rayjob: dict | None, stage: str | None, config) -> Row:
     deployment, job_status, reason = status.get("jobDeploymentStatus"), status.get("jobStatus"), status.get("reason")
     where = (f"kubectl -n {config.ray.namespace} logs -l {ORIGIN_LABEL}={job} -c {SUBMITTER_CONTAINER}; "
              f"driver.log and rank-<r>.log in {job_logs_uri(config)}")
+    if deployment == "Complete" and job_status == "SUCCEEDED" and stage == "deadline":
+        # A spent job.timeout_hours ends the driver with status 0 so that KubeRay does not retry it
+        # (workloads/fsdp_finetune/deadline.py): SUCCEEDED for KubeRay, not for the run.
+        label, what, fix = _STAGE_FIX["deadline"]
+        return Row(section="job", name=name, status="FAIL", detail=f"RayJob {job} stopped at stage '{label}': {what}",
+                   fix=f"{fix}; driver log: {where}")
     if deployment == "Complete" and job_status == "SUCCEEDED":
         return Row(section="job", name=name, status="PASS",
                    detail=f"RayJob {job} succeeded; GPU workers released, head kept {config.job.ttl_hours} h; "

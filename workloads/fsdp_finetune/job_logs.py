@@ -11,20 +11,29 @@ beside metrics.jsonl and the TensorBoard events (S3 on the cluster):
   warning or worse (so a rank that is about to die leaves its last words), at most every
   `FLUSH_S` otherwise, and when `train_func` ends, error or not;
 * `driver.log`: everything the driver process writes to stdout and stderr (a tee at the file
-  descriptor level, so Ray's forwarded worker lines are in it), copied every `FLUSH_S` and at exit.
+  descriptor level, so Ray's forwarded worker lines are in it), copied every `FLUSH_S` and at exit;
+* `submitter-<job id>-<pod>.log`: each RayJob attempt's submitter (follow.sh, K8sJobMode) output, copied by
+  follow.sh at its exit through `python -m workloads.fsdp_finetune.job_logs`. KubeRay 1.7.0 deletes the
+  submitter Job, and so its pod's log, at every retry (rayjob_controller.go, case JobDeploymentStatusRetrying:
+  `deleteSubmitterJob`), and a retry gets a new submission id (`status.jobId`), so every attempt (and every
+  restart of its pod) keeps a file of its own.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import logging
 import sys
 import threading
 import time
+from pathlib import Path
 
 LOGS_DIR = "logs"
 RANK_LINES = 200
 FLUSH_S = 30.0
+SUBMITTER_MAX_BYTES = 64 * 1024 * 1024
+"""The most of a submitter log copied (its end): it carries the driver's whole output, NCCL INFO lines included."""
 
 
 def logs_uri(run_dir: str) -> str:
@@ -149,3 +158,41 @@ class DriverLog:
         except Exception as exc:  # noqa: BLE001 - never fail the job over its log copy
             print(f"note: could not copy the driver log to {logs_uri(self.run_dir)} ({exc})", file=self._saved[1]
                   if hasattr(self, "_saved") else sys.__stderr__)
+
+
+def keep_submitter_log(run_dir: str, log: Path, name: str, *, max_bytes: int = SUBMITTER_MAX_BYTES) -> str:
+    """Copy the submitter's log file (its last `max_bytes`) to `<run_dir>/logs/<name>`; the URI written."""
+    data = Path(log).read_bytes()
+    if len(data) > max_bytes:
+        data = f"[the first {len(data) - max_bytes} bytes left out]\n".encode() + data[-max_bytes:]
+    _write(run_dir, name, data)
+    return f"{logs_uri(run_dir)}/{name}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """follow.sh's exit step: keep this attempt's submitter log in the run folder. Never fails the submitter."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.fsdp_finetune.job_logs",
+                                     description="Copy a RayJob submitter's log to <run folder>/logs/")
+    parser.add_argument("file", metavar="FILE", help="the variable file (the bundle's config/cluster.yaml)")
+    parser.add_argument("--submitter-log", required=True, type=Path, help="the log file follow.sh wrote")
+    parser.add_argument("--name", required=True, help="the object's name under <run folder>/logs/")
+    args = parser.parse_args(argv)
+    where = ("this attempt's submitter log is only in its pod's own log (kubectl logs -n <ray.namespace> "
+             "job/<RayJob name>) until KubeRay deletes the submitter Job (at a retry, or with the RayJob)")
+    if not Path(args.file).is_file():
+        print(f"follow.sh: no variable file at {args.file}; {where}", file=sys.stderr)
+        return 0
+    try:
+        from config import load_config
+        from workloads.fsdp_finetune.run_folder import run_dir_of
+
+        uri = keep_submitter_log(run_dir_of(load_config(args.file)), args.submitter_log, args.name)
+    except Exception as exc:  # noqa: BLE001 - the job's outcome must not depend on its log copy
+        print(f"follow.sh: could not copy the submitter log ({type(exc).__name__}: {exc}); {where}", file=sys.stderr)
+        return 0
+    print(f"follow.sh: this attempt's submitter log is kept at {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,6 +32,7 @@ from config.model import ClusterConfig, JobConfig
 from config.observability import PLAN_PREDICTION_FILE
 from config.topology import LOGICAL_GPU_RESOURCE
 from workloads.fsdp_finetune.data import dataset_epochs
+from workloads.fsdp_finetune.run_folder import checkpoint_bucket
 from workloads.local_ray import LOCAL_WORKERS, start_local_ray
 
 LOCAL_SOURCE = "local job"
@@ -180,17 +181,6 @@ def token_problems(job: JobConfig, *, source: str, region: str | None) -> list[S
     except TokenError as exc:
         return [SettingProblem(source, "hf_token_secret", str(exc).removeprefix("job.hf_token_secret: "))]
     return [SettingProblem(source, field, message) for field, message in hub_problems(job, token=current_token())]
-
-
-def checkpoint_bucket(config: ClusterConfig) -> str:
-    """The checkpoint bucket: $CHECKPOINT_BUCKET, the file's `storage.bucket_name`, or the stacks' derived name."""
-    bucket = os.environ.get("CHECKPOINT_BUCKET") or config.storage.bucket_name
-    if not bucket:
-        import boto3
-
-        account = boto3.client("sts", region_name=config.region).get_caller_identity()["Account"]
-        bucket = config.bucket_name(account)
-    return bucket
 
 
 @dataclass
@@ -551,17 +541,23 @@ def _run_cluster_job(config: ClusterConfig, job: JobConfig, plan: RunPlan) -> in
         return 1
     from workloads.fsdp_finetune.deadline import (
         EXIT_DEADLINE,
+        NOT_RETRIED,
         DeadlineWatch,
+        current,
         spent_message,
+        stale_after_s,
         start_or_resume,
     )
 
-    # KubeRay restarts activeDeadlineSeconds at every retry: the job's own deadline spans them all.
-    deadline = start_or_resume(plan.run_dir, timeout_s=job.timeout_hours * 3600,
-                               stale_after_s=job.start_deadline_minutes * 60 + 600)
+    # KubeRay restarts activeDeadlineSeconds at every retry: the job's own deadline spans them all. job.sh's first
+    # step recorded it for this attempt (and stopped a spent one before any work); a driver started another way
+    # (`ray job submit ... python -m workloads.fsdp_finetune`) records it here.
+    stale = stale_after_s(job.start_deadline_minutes)
+    deadline = current(plan.run_dir, stale_after_s=stale) or start_or_resume(
+        plan.run_dir, timeout_s=job.timeout_hours * 3600, stale_after_s=stale)
     if deadline.remaining() <= 0:
         stage("deadline")
-        print(spent_message(deadline, job.timeout_hours), file=sys.stderr)
+        print(f"{spent_message(deadline, job.timeout_hours)}; {NOT_RETRIED}", file=sys.stderr)
         return EXIT_DEADLINE
     if config.ray.preflight:
         from workloads.preflight import run_preflight
