@@ -24,7 +24,7 @@ import pytest
 
 from config import load_config
 from tests.cluster import deploy
-from tests.cluster.conftest import CLUSTER_MARKS, REPO, record, synthesize_variant
+from tests.cluster.conftest import CLUSTER_MARKS, REPO, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
 from tests.cluster.test_cluster_scenarios import (
     NAME,
@@ -106,23 +106,14 @@ def base(lab, tmp_path_factory):
     """config/cluster.yaml's nodes, ray-base and the watchdog's RBAC applied, and the watchdog running."""
     folder = tmp_path_factory.mktemp("watchdog")
     synth = synthesize_variant("watchdog", LIMITS, folder)
-    deploy.install_addon_crds(lab)
-    ns = synth.config.ray.namespace
-    lab.ensure_namespace(ns)
-    nodes = deploy.create_nodes(lab, synth, "wd")
-    applied = deploy.manifests(synth.dist, deploy.BASE)
-    lab.apply(applied)
-    watchdog = None
-    try:
+    with deployed_base(lab, synth, "wd") as (ns, nodes):
         watchdog = Watchdog(lab, synth, folder)
-        yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": None, "watchdog": watchdog}
-    finally:
-        if watchdog is not None:
+        try:
+            yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": None, "watchdog": watchdog}
+        finally:
             watchdog.stop()
             print(f"watchdog log:\n{watchdog.log.read_text(errors='replace')[-4000:]}")
             lab.delete(watchdog.rbac)
-        deploy.remove(lab, applied, ns)
-        deploy.delete_nodes(lab, nodes)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +167,17 @@ def _decided(env, rule: str, timeline, timeout_s: float = 90) -> str:
     return line
 
 
+def _rayjob_deleted(env, rule: str, timeline) -> tuple[float, float]:
+    """The watchdog's `rule` deletes the RayJob: (when its decision was seen, when the RayJob and every GPU worker
+    pod were gone), on the scenario's timeline."""
+    _decided(env, rule, timeline)
+    acted = timeline("watchdog deleted the RayJob")
+    wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
+             interval_s=0.5)
+    gone = timeline("RayJob and every GPU worker pod gone")
+    return acted, gone
+
+
 def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(base):
     """(c) The submitter pod cannot be scheduled (system nodes cordoned once the head is placed): the RayJob is Running
     and KubeRay 1.7.0 would hold the GPU workers until activeDeadlineSeconds (12 h, 1460 GPU node minutes measured
@@ -195,11 +197,7 @@ def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(base):
         wait_for(lambda: submitter_pods(env), 60, "the submitter pod", interval_s=0.2)
         stuck = timeline(f"submitter pod {[p.status.phase for p in submitter_pods(env)]}; "
                          f"{len(gpu_pods(env))} GPU workers up")
-        _decided(env, "submitter-start", timeline)
-        acted = timeline("watchdog deleted the RayJob")
-        wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
-                 interval_s=0.5)
-        gone = timeline("RayJob and every GPU worker pod gone")
+        acted, gone = _rayjob_deleted(env, "submitter-start", timeline)
         assert acted - stuck >= LIMITS["job"]["submitter_start_minutes"] * 60 - 1
         production_s = PRODUCTION.job.submitter_start_minutes * 60 + PRODUCTION.job.watchdog_period_seconds
         lost = _minutes(production_s + (gone - acted))
@@ -238,11 +236,7 @@ def test_a_head_in_a_crash_loop_is_bounded_by_the_watchdog(base):
                                   for c in head.spec.containers]}})
         crashed = timeline(f"head {head.metadata.name}: restartCount {limit}, CrashLoopBackOff, not Ready; "
                            f"{len(gpu_pods(env))} GPU workers up")
-        _decided(env, "head", timeline)
-        acted = timeline("watchdog deleted the RayJob")
-        wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
-                 interval_s=0.5)
-        gone = timeline("RayJob and every GPU worker pod gone")
+        acted, gone = _rayjob_deleted(env, "head", timeline)
         assert acted - crashed <= 3 * LIMITS["job"]["watchdog_period_seconds"] + 5
         # At production values: the kubelet's back-off before the limit's restart, then one watchdog period.
         backoff_s = sum(KUBELET_BACKOFF_S[:PRODUCTION.job.head_restart_limit])
