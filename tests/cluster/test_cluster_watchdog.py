@@ -289,9 +289,24 @@ def test_a_raw_ray_job_stop_is_bounded_without_the_stop_command(env):
         _cleanup(env, objects)
 
 
-@pytest.mark.xfail(strict=False, reason="not yet working in the lab: after the node's kwok annotation is removed and "
-                   "its Ready condition set False, no eviction was seen within 120 s (kwok may go on managing the "
-                   "node and restore Ready); the watchdog's node-lost rule itself is unit-tested "
+# Why the lab cannot lose a node yet (measured 2026-12-05 with the lab's kwok v0.8.0, and read in its source):
+# - Measured: the lab's kwok keeps no node Lease: `kube-node-lease/<node>` is 404 once `lab node` has the node Ready
+#   (the lab passes no --node-lease-duration-seconds). With no Lease, a real lost node's signal (Lease renewals stop,
+#   kube-controller-manager marks it Unknown after --node-monitor-grace-period, 50 s in v1.34.9 per its --help, and
+#   taints it unreachable:NoExecute) cannot be produced by stopping something.
+# - Source, not measured: removing the kwok.x-k8s.io/node annotation does not unmanage a node. kwok's informer drops
+#   update events whose new object fails the selector (kwok v0.8.0 pkg/utils/informer/informer.go newCacheInformer
+#   UpdateFunc) and only a Deleted event removes a node from its set (pkg/kwok/controllers/node_controller.go
+#   watchResources); the cache still holds the node, so kwok keeps playing its queued heartbeat and keeps managing
+#   the node's pods (pod_controller.go need() -> nodeGetFunc): an evicted worker is deleted at once by the pod-delete
+#   stage instead of staying Terminating, which is what this test waits for.
+# - Way forward (not done): LAB_KWOK_ARGS="--node-lease-duration-seconds 40" and take the node's Lease over (another
+#   holderIdentity, renewTime frozen, a long leaseDurationSeconds): kwok then treats the node and its pods as read-only
+#   (controller.go: readOnlyFunc = !nodeLeases.Held) and the lease stops renewing, as with a dead kubelet.
+@pytest.mark.xfail(strict=False, reason="the lab cannot lose a node yet: its kwok keeps no node Lease (measured: "
+                   "kube-node-lease/<node> 404), and removing the kwok annotation does not unmanage a node (kwok "
+                   "v0.8.0 informer.go drops the update, so kwok keeps managing it and deletes an evicted pod at once "
+                   "instead of leaving it Terminating); see the comment above. The node-lost rule is unit-tested "
                    "(tests/test_watchdog.py)")
 def test_a_lost_gpu_node_has_its_pods_replaced(env):
     """(i) A GPU node stops reporting (kwok no longer manages it, its Ready condition False): the node lifecycle
