@@ -9,6 +9,7 @@ add-on (tests/k8s_lab.py `operator_settings`); the operator timers the scenarios
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -100,6 +101,26 @@ def synthesize_variant(name: str, overrides: dict, directory: Path) -> Synthesiz
     dist = directory / "dist"
     synthesize(config, file, dist)
     return Synthesized(name=name, file=file, config=config, templates=synthesized("cluster").templates, dist=dist)
+
+
+@contextlib.contextmanager
+def deployed_base(lab, synth: Synthesized, prefix: str):
+    """`synth`'s node groups as nodes named <prefix>-..., the add-on CRDs, its namespace and dist/ray-base applied;
+    yields (namespace, {node: shape}); removes what it applied and the nodes afterwards (the scenario modules'
+    shared set-up)."""
+    from tests.cluster import deploy
+
+    deploy.install_addon_crds(lab)
+    ns = synth.config.ray.namespace
+    lab.ensure_namespace(ns)
+    nodes = deploy.create_nodes(lab, synth, prefix)
+    applied = deploy.manifests(synth.dist, deploy.BASE)
+    lab.apply(applied)
+    try:
+        yield ns, nodes
+    finally:
+        deploy.remove(lab, applied, ns)
+        deploy.delete_nodes(lab, nodes)
 
 
 _rows: list[dict] = []

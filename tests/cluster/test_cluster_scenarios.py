@@ -20,7 +20,7 @@ import pytest
 
 from charts.stop import stop
 from tests.cluster import deploy
-from tests.cluster.conftest import CLUSTER_MARKS, record, synthesize_variant
+from tests.cluster.conftest import CLUSTER_MARKS, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
 from tests.waiting import wait_for
 
@@ -34,18 +34,8 @@ BAD_ENTRYPOINT = "python -c \"import sys; print('bad entrypoint'); sys.exit(3)\"
 def env(lab, tmp_path_factory):
     """The lab with config/cluster.yaml's nodes and ray-base applied, and a real Ray head in a network namespace."""
     base = synthesize_variant("scenarios", {"job": {"ttl_hours": 0.01}}, tmp_path_factory.mktemp("scenarios"))
-    deploy.install_addon_crds(lab)
-    ns = base.config.ray.namespace
-    lab.ensure_namespace(ns)
-    nodes = deploy.create_nodes(lab, base, "sc")
-    applied = deploy.manifests(base.dist, deploy.BASE)
-    lab.apply(applied)
-    try:
-        with ray_head() as head:
-            yield {"lab": lab, "synth": base, "ns": ns, "nodes": nodes, "head": head}
-    finally:
-        deploy.remove(lab, applied, ns)
-        deploy.delete_nodes(lab, nodes)
+    with deployed_base(lab, base, "sc") as (ns, nodes), ray_head() as head:
+        yield {"lab": lab, "synth": base, "ns": ns, "nodes": nodes, "head": head}
 
 
 def rayjob_manifest(synth, head_ip: str) -> list[dict]:

@@ -24,7 +24,7 @@ import pytest
 
 from config import load_config
 from tests.cluster import deploy
-from tests.cluster.conftest import CLUSTER_MARKS, REPO, record, synthesize_variant
+from tests.cluster.conftest import CLUSTER_MARKS, REPO, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
 from tests.cluster.test_cluster_scenarios import (
     NAME,
@@ -106,23 +106,14 @@ def base(lab, tmp_path_factory):
     """config/cluster.yaml's nodes, ray-base and the watchdog's RBAC applied, and the watchdog running."""
     folder = tmp_path_factory.mktemp("watchdog")
     synth = synthesize_variant("watchdog", LIMITS, folder)
-    deploy.install_addon_crds(lab)
-    ns = synth.config.ray.namespace
-    lab.ensure_namespace(ns)
-    nodes = deploy.create_nodes(lab, synth, "wd")
-    applied = deploy.manifests(synth.dist, deploy.BASE)
-    lab.apply(applied)
-    watchdog = None
-    try:
+    with deployed_base(lab, synth, "wd") as (ns, nodes):
         watchdog = Watchdog(lab, synth, folder)
-        yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": None, "watchdog": watchdog}
-    finally:
-        if watchdog is not None:
+        try:
+            yield {"lab": lab, "synth": synth, "ns": ns, "nodes": nodes, "head": None, "watchdog": watchdog}
+        finally:
             watchdog.stop()
             print(f"watchdog log:\n{watchdog.log.read_text(errors='replace')[-4000:]}")
             lab.delete(watchdog.rbac)
-        deploy.remove(lab, applied, ns)
-        deploy.delete_nodes(lab, nodes)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +167,17 @@ def _decided(env, rule: str, timeline, timeout_s: float = 90) -> str:
     return line
 
 
+def _rayjob_deleted(env, rule: str, timeline) -> tuple[float, float]:
+    """The watchdog's `rule` deletes the RayJob: (when its decision was seen, when the RayJob and every GPU worker
+    pod were gone), on the scenario's timeline."""
+    _decided(env, rule, timeline)
+    acted = timeline("watchdog deleted the RayJob")
+    wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
+             interval_s=0.5)
+    gone = timeline("RayJob and every GPU worker pod gone")
+    return acted, gone
+
+
 def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(base):
     """(c) The submitter pod cannot be scheduled (system nodes cordoned once the head is placed): the RayJob is Running
     and KubeRay 1.7.0 would hold the GPU workers until activeDeadlineSeconds (12 h, 1460 GPU node minutes measured
@@ -195,11 +197,7 @@ def test_a_submitter_that_cannot_start_is_bounded_by_the_watchdog(base):
         wait_for(lambda: submitter_pods(env), 60, "the submitter pod", interval_s=0.2)
         stuck = timeline(f"submitter pod {[p.status.phase for p in submitter_pods(env)]}; "
                          f"{len(gpu_pods(env))} GPU workers up")
-        _decided(env, "submitter-start", timeline)
-        acted = timeline("watchdog deleted the RayJob")
-        wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
-                 interval_s=0.5)
-        gone = timeline("RayJob and every GPU worker pod gone")
+        acted, gone = _rayjob_deleted(env, "submitter-start", timeline)
         assert acted - stuck >= LIMITS["job"]["submitter_start_minutes"] * 60 - 1
         production_s = PRODUCTION.job.submitter_start_minutes * 60 + PRODUCTION.job.watchdog_period_seconds
         lost = _minutes(production_s + (gone - acted))
@@ -238,11 +236,7 @@ def test_a_head_in_a_crash_loop_is_bounded_by_the_watchdog(base):
                                   for c in head.spec.containers]}})
         crashed = timeline(f"head {head.metadata.name}: restartCount {limit}, CrashLoopBackOff, not Ready; "
                            f"{len(gpu_pods(env))} GPU workers up")
-        _decided(env, "head", timeline)
-        acted = timeline("watchdog deleted the RayJob")
-        wait_for(lambda: _rayjob_gone(env) and not gpu_pods(env), 90, "the RayJob and its GPU pods to go",
-                 interval_s=0.5)
-        gone = timeline("RayJob and every GPU worker pod gone")
+        acted, gone = _rayjob_deleted(env, "head", timeline)
         assert acted - crashed <= 3 * LIMITS["job"]["watchdog_period_seconds"] + 5
         # At production values: the kubelet's back-off before the limit's restart, then one watchdog period.
         backoff_s = sum(KUBELET_BACKOFF_S[:PRODUCTION.job.head_restart_limit])
@@ -295,9 +289,24 @@ def test_a_raw_ray_job_stop_is_bounded_without_the_stop_command(env):
         _cleanup(env, objects)
 
 
-@pytest.mark.xfail(strict=False, reason="not yet working in the lab: after the node's kwok annotation is removed and "
-                   "its Ready condition set False, no eviction was seen within 120 s (kwok may go on managing the "
-                   "node and restore Ready); the watchdog's node-lost rule itself is unit-tested "
+# Why the lab cannot lose a node yet (measured 2026-12-05 with the lab's kwok v0.8.0, and read in its source):
+# - Measured: the lab's kwok keeps no node Lease: `kube-node-lease/<node>` is 404 once `lab node` has the node Ready
+#   (the lab passes no --node-lease-duration-seconds). With no Lease, a real lost node's signal (Lease renewals stop,
+#   kube-controller-manager marks it Unknown after --node-monitor-grace-period, 50 s in v1.34.9 per its --help, and
+#   taints it unreachable:NoExecute) cannot be produced by stopping something.
+# - Source, not measured: removing the kwok.x-k8s.io/node annotation does not unmanage a node. kwok's informer drops
+#   update events whose new object fails the selector (kwok v0.8.0 pkg/utils/informer/informer.go newCacheInformer
+#   UpdateFunc) and only a Deleted event removes a node from its set (pkg/kwok/controllers/node_controller.go
+#   watchResources); the cache still holds the node, so kwok keeps playing its queued heartbeat and keeps managing
+#   the node's pods (pod_controller.go need() -> nodeGetFunc): an evicted worker is deleted at once by the pod-delete
+#   stage instead of staying Terminating, which is what this test waits for.
+# - Way forward (not done): LAB_KWOK_ARGS="--node-lease-duration-seconds 40" and take the node's Lease over (another
+#   holderIdentity, renewTime frozen, a long leaseDurationSeconds): kwok then treats the node and its pods as read-only
+#   (controller.go: readOnlyFunc = !nodeLeases.Held) and the lease stops renewing, as with a dead kubelet.
+@pytest.mark.xfail(strict=False, reason="the lab cannot lose a node yet: its kwok keeps no node Lease (measured: "
+                   "kube-node-lease/<node> 404), and removing the kwok annotation does not unmanage a node (kwok "
+                   "v0.8.0 informer.go drops the update, so kwok keeps managing it and deletes an evicted pod at once "
+                   "instead of leaving it Terminating); see the comment above. The node-lost rule is unit-tested "
                    "(tests/test_watchdog.py)")
 def test_a_lost_gpu_node_has_its_pods_replaced(env):
     """(i) A GPU node stops reporting (kwok no longer manages it, its Ready condition False): the node lifecycle
