@@ -72,6 +72,8 @@ def in_ci(environ=os.environ) -> bool:
 
 
 def skip_reason(report) -> str:
+    if getattr(report, "wasxfail", None) is not None:  # an expected failure counts as a skip: its reason is the mark's
+        return f"xfail: {report.wasxfail}"
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
         return str(longrepr[2]).removeprefix("Skipped: ")

@@ -35,6 +35,17 @@ from workloads.local_ray import LOOPBACK_ENV
 
 RAY = Path(sys.executable).with_name("ray")
 START_S = 240  # `ray start` and the dashboard's modules on a loaded two-core machine
+SLOW_START_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # The dashboard gives up on a module not ready in 30 s (ray 2.58.0 dashboard/consts.py
+    # SUBPROCESS_MODULE_WAIT_READY_TIMEOUT): a cold import on two busy cores can take longer.
+    "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "180",
+    # And `ray start` gives up on a dashboard that has not published its URL in 60 s (ray 2.58.0
+    # _private/ray_constants.py RAY_DASHBOARD_STARTUP_TIMEOUT_S, read in services.py start_api_server): it must
+    # outwait the module wait above, or a slow module start still fails the head (seen in CI at 2 cores).
+    "RAY_DASHBOARD_STARTUP_TIMEOUT_S": "220",
+}
+"""The Ray start-up limits of the test heads, raised for a loaded two-core machine."""
 
 
 def cli_env(token: str | None = None) -> dict[str, str]:
@@ -45,8 +56,7 @@ def cli_env(token: str | None = None) -> dict[str, str]:
     dashboard/consts.py SUBPROCESS_MODULE_WAIT_READY_TIMEOUT): a cold import on two busy cores can take longer,
     and then the head never serves the Jobs API."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "180",
-                "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}", **LOOPBACK_ENV})
+    env.update({**SLOW_START_ENV, "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}", **LOOPBACK_ENV})
     if token is not None:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     return env

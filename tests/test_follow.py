@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -328,15 +327,21 @@ def test_follow_sh_keeps_every_attempts_log_in_the_run_folder(ray_head, moto_ser
     follow = subprocess.Popen(["bash", str(follow_sh)], env={**base, "RAY_JOB_SUBMISSION_ID": "follow-keep-term",
                                                               "HOSTNAME": "ray-efa-job-klmno", "LONG_JOB": "1"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: list[str] = []  # the follower's stdout, read as it comes: TERM only once the job's output reached it
+    reader = threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True)
+    reader.start()
     try:
-        wait_for(lambda: _status(ray_head, "follow-keep-term") == "RUNNING", 180, "the long job to run")
-        time.sleep(3)  # its first lines reach the follower
+        # Not a fixed sleep: on two loaded cores `ray job logs --follow` took over 3 s to stream the first line.
+        wait_for(lambda: any("line 0" in line for line in seen), 180, "the long job's first line at the follower")
         os.kill(follow.pid, signal.SIGTERM)
-        out, errs = follow.communicate(timeout=60)
+        follow.wait(timeout=60)
+        reader.join(timeout=60)
+        errs = follow.stderr.read()
     finally:
         if follow.poll() is None:
             os.killpg(follow.pid, signal.SIGKILL)
         release.touch()
+    out = "".join(seen)
     assert follow.returncode == 143, errs
     assert "submitter log is kept at" in out
     prefix = run_dir_of(load_config(file)).removeprefix(f"s3://{bucket}/") + "/logs/"

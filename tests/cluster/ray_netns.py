@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ray_head import SLOW_START_ENV
 from tests.waiting import kill_session, wait_for
 
 RAY = Path(sys.executable).with_name("ray")
@@ -60,8 +61,7 @@ def _free_subnet() -> int:
 
 def ray_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": "180",
-                "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}"})
+    env.update({**SLOW_START_ENV, "PATH": f"{RAY.parent}{os.pathsep}{env.get('PATH', '')}"})
     return env
 
 
