@@ -30,6 +30,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,30 +339,47 @@ class Lab:
         wait_for(ready, 30, f"node {name} Ready without node.kubernetes.io taints", interval_s=0.2)
 
     # -- processes
-    def operator_pid(self) -> int:
+    def pid_of(self, component: str) -> int:
+        """The PID of the lab's `component` (its last line in the lab's pids file: a restart appends one)."""
+        last = None
         for line in (self.dir / "pids").read_text().splitlines():
             pid, name = line.split()
-            if name == "kuberay-operator":
+            if name == component:
                 last = int(pid)
+        if last is None:
+            raise RuntimeError(f"{self.dir / 'pids'}: no {component} process")
         return last
 
-    def restart_operator(self) -> float:
-        """Stop the operator by its PID and start it again with the same command line and environment (as a pod
-        restart would); seconds until it has synced its controllers again."""
-        pid = self.operator_pid()
+    def operator_pid(self) -> int:
+        return self.pid_of("kuberay-operator")
+
+    def _restart(self, component: str, while_stopped=None) -> tuple[float, int]:
+        """Stop `component` by its PID, call `while_stopped`, start it again with the same command line and
+        environment (the new PID joins the pids file, so `lab down` stops it); (when the stop began, the log's
+        length before the restart)."""
+        pid = self.pid_of(component)
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         environ = dict(item.split("=", 1) for item in
                        Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
         started = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 15, "the operator to exit")
-        log = self.dir / "logs" / "kuberay-operator.log"
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 15, f"the lab's {component} to exit")
+        if while_stopped is not None:
+            while_stopped()
+        log = self.dir / "logs" / f"{component}.log"
         offset = log.stat().st_size
         with open(log, "ab") as out:
             proc = subprocess.Popen([c.decode() for c in cmdline], cwd=self.dir, env=environ, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         with open(self.dir / "pids", "a") as pids:
-            pids.write(f"{proc.pid} kuberay-operator\n")
+            pids.write(f"{proc.pid} {component}\n")
+        return started, offset
+
+    def restart_operator(self) -> float:
+        """Stop the operator by its PID and start it again with the same command line and environment (as a pod
+        restart would); seconds until it has synced its controllers again."""
+        started, offset = self._restart("kuberay-operator")
+        log = self.dir / "logs" / "kuberay-operator.log"
 
         def synced():
             text = log.read_bytes()[offset:].decode(errors="replace")
@@ -369,6 +387,25 @@ class Lab:
 
         wait_for(synced, 60, "the restarted operator to sync", interval_s=0.2)
         return time.monotonic() - started
+
+    def restart_kwok(self, while_stopped) -> None:
+        """Restart the lab's kwok around `while_stopped` (which changes nodes while no kwok watches them): a node
+        that lost its kwok.x-k8s.io/node annotation meanwhile is left alone from then on, as a dead kubelet leaves
+        its node. A running kwok cannot be told so: kwok v0.8.0's informer drops an update whose new object fails
+        its selector (pkg/utils/informer/informer.go newCacheInformer UpdateFunc), and only a Deleted event takes a
+        node out of its set (pkg/kwok/controllers/node_controller.go), while a fresh kwok lists only the nodes the
+        selector matches (--manage-nodes-with-annotation-selector, the lab's command line)."""
+        _, offset = self._restart("kwok", while_stopped)
+        port = (self.dir / "ports" / "kwok-port").read_text().strip()
+
+        def healthy():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 30, "the restarted kwok's /healthz", interval_s=0.2)
 
     def operator_log(self) -> str:
         return (self.dir / "logs" / "kuberay-operator.log").read_text(errors="replace")
