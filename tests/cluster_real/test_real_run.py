@@ -158,6 +158,24 @@ def _submitter_log(cluster, name: str) -> str:
                    for pod in pods)
 
 
+def _kept_submitter_logs(cluster, name: str, job_id: str) -> dict[str, str]:
+    """The submitter logs follow.sh kept in `<run folder>/logs/` (its EXIT trap copies them: KubeRay deletes the
+    submitter Job, and its pod's log, at every retry), waited for: the pod exits after the RayJob may read
+    terminal. Each must end with follow.sh's own `ended` line for the job."""
+    config = cluster["config"]
+    prefix = f"{config.storage.checkpoint_prefix}{config.job.run_name}/logs/"
+    client = cluster["s3"].client()
+
+    def kept():
+        keys = cluster["s3"].keys(config.storage.bucket_name, prefix)
+        texts = {k[len(prefix):]: client.get_object(Bucket=config.storage.bucket_name, Key=k)["Body"].read().decode()
+                 for k in keys}
+        return texts if texts and all(f"follow.sh: job {job_id} ended: " in t for t in texts.values()) else None
+
+    return wait_for(kept, 90, f"the submitter log of {name} in s3://{config.storage.bucket_name}/{prefix}",
+                    interval_s=1)
+
+
 def _ended(cluster, name: str, status: dict) -> None:
     """Fail with the driver's log unless the RayJob ended Complete/SUCCEEDED."""
     if (status.get("jobDeploymentStatus"), status.get("jobStatus")) != ("Complete", "SUCCEEDED"):
@@ -232,6 +250,11 @@ def test_a_run_to_the_end(cluster, tmp_path):
     assert timeline.first("submitter: follow.sh: job") is not None, timeline.render("")
     steps = [row["step"] for row in _metrics(cluster) if "step" in row]
     assert steps and max(steps) == cluster["config"].job.max_steps
+    (pod,) = [p["metadata"]["name"] for p in _get(cluster, "pods")["items"]
+              if p["metadata"].get("labels", {}).get("job-name") == name]
+    logs = _kept_submitter_logs(cluster, name, status["jobId"])
+    assert list(logs) == [f"submitter-{status['jobId']}-{pod}.log"], list(logs)
+    assert f"follow.sh: job {status['jobId']} ended: SUCCEEDED" in logs[f"submitter-{status['jobId']}-{pod}.log"]
     _report({"scenario": "real node: a run to the end", "outcome": "SUCCEEDED", "gpu_nodes": PRODUCTION_GPU_NODES,
              "gpu_node_minutes_lost": 0, "limit": ""})
 
@@ -267,6 +290,9 @@ def test_head_pod_lost_resumes_in_the_same_rayjob(cluster, tmp_path):
     assert max(steps) == cluster["config"].job.max_steps
     submitters = [p for p in _get(cluster, "pods")["items"] if p["metadata"].get("labels", {}).get("job-name") == name]
     assert len(submitters) == 1, [p["metadata"]["name"] for p in submitters]
+    # One attempt (the resubmission is inside it), so one kept log, which holds the resubmission too.
+    (log,) = _kept_submitter_logs(cluster, name, status["jobId"]).values()
+    assert "resubmitting" in log and f"follow.sh: job {status['jobId']} ended: SUCCEEDED" in log
     # Cost at production values: the GPU nodes idle from the loss until the job runs again (the RayJob's
     # RUNNING after the last resubmission; a crash-looping new head can need more than one).
     minutes = round((back_to_running(timeline.events) - killed_at) / 60 * PRODUCTION_GPU_NODES, 2)
