@@ -6,7 +6,9 @@ Cold: an empty cache directory (EC2_TIER_CACHE), so the run includes the DLC sta
 deb.debian.org, its `docker import` into both hosts' fresh data roots, and everything after. Warm: the same
 cache again (the tarball and the hosts' data roots with the image in them are reused). Prints one JSON line:
 per run (`cold`, `warm`): `s` (seconds, the whole pytest run of the module), pytest's pass/fail counts, the
-steps the tests print (`ray_up_head_s`, `worker_on_demand_s`, `ray_down_s`, `deadline_stop_s`) and, cold,
+steps the tests print (`ray_up_head_s`, `worker_on_demand_s`, `ray_down_s`, `deadline_stop_s`; the fine-tune's
+`finetune_up_s`, `finetune_lost_s` and `finetune_gpu_node_minutes` from the worker's kill until the resumed run is
+back at the step it had reached, at 2 GPU nodes, `finetune_down_s`) and, cold,
 `image_build_s` (the debootstrap step). Target: warm under 300 s on two cores (issue 34).
 Root only (network namespaces, dockerd); takes about 10 minutes. Not part of the test suite (it runs it).
 """
@@ -41,7 +43,12 @@ def _run(cache: Path) -> dict:
         ("ray_up_head_s", r"ray up \(head alone\): ([\d.]+) s"),
         ("worker_on_demand_s", r"ran on the worker the autoscaler started: ([\d.]+) s"),
         ("ray_down_s", r"ray down: ([\d.]+) s"),
-        ("deadline_stop_s", r"stopped and cleaned up ([\d.]+) s")) if (m := re.search(pattern, proc.stdout))}
+        ("deadline_stop_s", r"stopped and cleaned up ([\d.]+) s"),
+        ("finetune_up_s", r"python -m charts.launcher up \(the fine-tune's head\): ([\d.]+) s"),
+        ("finetune_lost_s", r"([\d.]+) s lost = "),
+        ("finetune_gpu_node_minutes", r"lost = ([\d.]+) GPU-node minutes"),
+        ("finetune_down_s", r"ray down \(the fine-tune's cluster\): ([\d.]+) s"))
+        if (m := re.search(pattern, proc.stdout))}
     if proc.returncode:
         print(proc.stdout[-8000:], file=sys.stderr)  # what failed, for the record
     return {"s": round(seconds, 1), "exit": proc.returncode, **counts, **steps,
