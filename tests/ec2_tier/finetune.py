@@ -84,7 +84,8 @@ class Watch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         with contextlib.suppress(Exception):
             self._observe({})
 
