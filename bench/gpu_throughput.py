@@ -37,6 +37,7 @@ step time: the gap is the plan's error (target: memory within 15 %).
     python bench/gpu_throughput.py --tiny              # anywhere: tiny shapes (compile off), both sides, in seconds
     python bench/gpu_throughput.py --lora              # LoRA case: Qwen2.5-7B architecture on one GPU (below)
     python bench/gpu_throughput.py --lora --tiny       # the LoRA case's code path anywhere, in seconds
+    python bench/gpu_throughput.py --dcgm              # GPU + DCGM: dcgm-exporter's fields without SYS_ADMIN (below)
 
 --lora: the workload's LoRA path (`workloads/fsdp_finetune/lora.py`, `job.method: lora`) on the Qwen2.5-7B
 architecture (the plan's table), random weights: the frozen base in bf16, PEFT's adapters (rank 16, alpha 32,
@@ -45,6 +46,12 @@ on, activation checkpointing off (the bf16 base is 14 GiB; 4 x 2048 tokens of ac
 No walkthrough side (it has no LoRA). MFU is printed under two conventions: the usual 6N + 12LdT, and
 4N + 12LdT (a frozen base computes no weight gradients: forward 2N, backward 2N for the inputs' gradients;
 the adapters' own FLOPs are under 1 % and left out). The plan's LoRA prediction is printed beside the measurement.
+
+--dcgm: not a throughput figure but what only a GPU can show for the metrics stack's dcgm-exporter, which runs with
+every capability dropped and asks the node monitoring agent's host engine over TCP: a client with CapEff 0 asks a
+DCGM host engine for every field the exporter's counters list names, while bf16 matmuls keep the tensor pipe busy,
+and each field is printed as served or N/A (bench/harness/dcgm.py; docs/observability.md, "To check on a GPU").
+Exit 2, saying why, without an NVIDIA GPU or without DCGM.
 
 --tiny uses the GPU when there is one and the CPU otherwise (FSDP1 then runs on CPU with
 `device_id=cpu`); its figures only show that the script works, they are not the target. Last line is JSON.
@@ -328,7 +335,13 @@ def main() -> None:
                         help="torch.compile each decoder layer (default: on on a GPU, off on CPU)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
+    from bench.harness import dcgm
+
+    dcgm.add_arguments(parser)
     args = parser.parse_args()
+    dcgm.check_arguments(parser, args)
+    if args.dcgm:
+        sys.exit(dcgm.run(args))
 
     import torch
     import torch.distributed as dist

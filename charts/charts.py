@@ -5,10 +5,12 @@
 - `ray-cluster`: a standalone RayCluster to submit jobs to, and its NetworkPolicy.
 - `ray-job`: a RayJob that creates the same cluster (same function), runs the job and tears down,
   and the NetworkPolicy of that cluster.
+- `ray-watchdog` (with `job.watchdog`): the pod that bounds the failures KubeRay 1.7.0 leaves holding GPU nodes
+  (`charts.watchdog`, `workloads.watchdog`).
 - `dashboards` (with `observability.enabled`): the Grafana dashboards as ConfigMaps; the cluster
   and job charts then also carry their Ray pods' PodMonitor (`charts.monitoring`).
 
-Apply `ray-base` first, then either `ray-cluster` or `ray-job`.
+Apply `ray-base` first, then `ray-watchdog`, then either `ray-cluster` or `ray-job`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import cdk8s
 import cdk8s_plus_27 as kplus
 from constructs import Construct
 
-from charts import bundle, monitoring, policy, ray
+from charts import bundle, monitoring, policy, ray, watchdog
 from charts.checkov import checkov_skips
 from charts.models import RayCluster, RayJob
 from config.cli import provenance
@@ -195,11 +197,13 @@ class RayJobChart(cdk8s.Chart):
 
 
 def build_app(inputs: Inputs, *, outdir: str | None = None) -> cdk8s.App:
-    """The cdk8s app with its three charts (nothing is written until `app.synth()`)."""
+    """The cdk8s app with its charts (nothing is written until `app.synth()`)."""
     app = cdk8s.App(outdir=outdir) if outdir else cdk8s.App()
     RayBaseChart(app, BASE_CHART, inputs=inputs)
     RayClusterChart(app, CLUSTER_CHART, inputs=inputs)
     RayJobChart(app, JOB_CHART, inputs=inputs)
+    if inputs.config.job.watchdog:
+        watchdog.WatchdogChart(app, watchdog.WATCHDOG_CHART, config=inputs.config, code=inputs.code)
     if inputs.config.observability.enabled:
         monitoring.DashboardsChart(app, DASHBOARDS_CHART, config=inputs.config)
     # Which variable file (and which bytes of it) made these objects; on the objects themselves, not their

@@ -176,12 +176,14 @@ class Container(K8sModel):
 
 
 class Toleration(K8sModel):
-    """A toleration matching one node taint exactly."""
+    """A toleration matching one node taint exactly (`toleration_seconds`: how long a NoExecute taint is
+    tolerated before the pod is evicted)."""
 
     key: str
     operator: Literal["Equal", "Exists"]
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    toleration_seconds: int | None = None
 
 
 class PodSpec(K8sModel):

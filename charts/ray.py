@@ -286,6 +286,23 @@ def head_group(config: ClusterConfig, code: bundle.CodeBundle) -> HeadGroupSpec:
     )
 
 
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+"""The NoExecute taints the node lifecycle controller puts on a node that stops reporting (kubernetes
+pkg/controller/nodelifecycle, `TaintNodesByCondition`)."""
+
+
+def node_lost_tolerations(config: ClusterConfig) -> list[Toleration]:
+    """A GPU worker leaves a lost node after `autoscaling.node_lost_seconds`, not the 300 s that Kubernetes'
+    DefaultTolerationSeconds admission plugin adds to a pod that names no such toleration
+    (plugin/pkg/admission/defaulttolerationseconds: `--default-not-ready-toleration-seconds` and
+    `--default-unreachable-toleration-seconds`, 300). The rest of the job's GPU nodes wait idle for a replacement
+    meanwhile; the watchdog then force-deletes the evicted pod that no kubelet confirms (`workloads.watchdog`
+    `node_lost_rule`), so KubeRay creates its replacement."""
+    seconds = config.autoscaling.node_lost_seconds
+    return [Toleration(key=key, operator="Exists", effect="NoExecute", toleration_seconds=seconds)
+            for key in NODE_LOST_TAINTS]
+
+
 def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBundle) -> WorkerGroupSpec:
     """One worker group: a fixed number of pods, each holding its share of a node's GPUs and EFA."""
     res = config.pod_resources[group.name]
@@ -313,7 +330,7 @@ def worker_group(config: ClusterConfig, group: WorkerGroup, code: bundle.CodeBun
         automount_service_account_token=False,
         node_selector=worker_pod_node_selector(group),
         security_context=pod_security_context(),
-        tolerations=[Toleration(**GPU_TAINT.toleration())],
+        tolerations=[Toleration(**GPU_TAINT.toleration()), *node_lost_tolerations(config)],
         containers=[container],
         volumes=[_code_volume(config, code), _shm_volume(res)],
     )

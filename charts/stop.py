@@ -1,21 +1,13 @@
 """`python -m charts.stop [FILE]`: stop the fine-tune's RayJob and free its GPU nodes, in one command.
 
-A raw `ray job stop` ends the Ray job STOPPED; KubeRay 1.7.0 then marks the RayJob Complete (rayjob_controller.go
-`Reconcile`, case JobDeploymentStatusRunning: `IsJobTerminal` covers STOPPED), and no deletion rule can match it:
-a rule's `jobStatus` admits only SUCCEEDED and FAILED, its `jobDeploymentStatus` only Failed (apis/ray/v1/
-rayjob_types.go `DeletionCondition`, `+kubebuilder:validation:Enum`). The GPU workers would stay up.
-
-Suspending it (`spec.suspend: true`) is no way out: KubeRay 1.7.0 refuses `suspend` unless
-`shutdownAfterJobFinishes` is true (controllers/ray/utils/validation.go `ValidateRayJobSpec`), which it forbids beside
-`deletionStrategy.deletionRules` (same file, "mutually exclusive"), so the RayJob would only turn ValidationFailed
-with its pods still up (the cluster tier saw exactly that).
-
-So this command deletes the RayJob of a run that is still going: the operator's finalizer stops the Ray job through
-the dashboard first (rayjob_controller.go `Reconcile`, deletion branch, `RayJobStopJobFinalizer` -> `StopJob`), and
-the garbage collector then removes the RayCluster and the submitter Job the RayJob owns: every GPU pod goes. The
-run's checkpoints stay in S3; applying the RayJob again resumes from the last one. A RayJob that already ended
-(Complete after a raw `ray job stop`, whose workers no deletion rule removes) is kept as the record, and only its
-RayCluster is deleted.
+What it deletes is `workloads.stopping.stop_plan`, the same decision the watchdog (`workloads.watchdog`) carries
+out; that module cites the KubeRay v1.7.0 lines. In short: a raw `ray job stop` leaves the RayJob Complete/STOPPED,
+which no deletion rule can match (the CRD's enums), and a suspend is refused beside deletion rules
+(`ValidateRayJobSpec`; the cluster tier saw the RayJob turn ValidationFailed with its pods still up). So this command
+deletes the RayJob of a run that is still going: the operator's finalizer stops the Ray job through the dashboard
+first, then the RayCluster and the submitter Job go (deleted here at once rather than on the garbage collector's
+schedule): every GPU pod goes. The run's checkpoints stay in S3; applying the RayJob again resumes from the last one.
+A RayJob that already ended is kept as the record, and only its RayCluster is deleted.
 
 It waits until no pod of the cluster is left and says how long that took; exit 0 then, 1 on a timeout, 2 on a bad
 variable file or no such RayJob.
@@ -29,10 +21,9 @@ import time
 
 from config.cli import add_file_argument, chosen_file
 from config.loader import load_or_exit, resolve_path
+from workloads import stopping
 
-ENDED = ("Complete", "Failed")
-"""JobDeploymentStatus values after which the operator no longer manages the RayJob's cluster (rayjob_controller.go,
-case JobDeploymentStatusComplete, JobDeploymentStatusFailed: only the deletion rules act)."""
+ENDED = stopping.ENDED
 
 
 def _wait_gone(read, timeout_s: float, interval_s: float) -> None:
@@ -49,6 +40,14 @@ def _wait_gone(read, timeout_s: float, interval_s: float) -> None:
         time.sleep(interval_s)
 
 
+def _delete(custom, batch, namespace: str, action: stopping.Delete) -> None:
+    if action.resource in ("rayjobs", "rayclusters"):
+        custom.delete_namespaced_custom_object("ray.io", "v1", namespace, action.resource, action.name,
+                                               propagation_policy="Background")
+    elif action.resource == "jobs" and batch is not None:
+        batch.delete_namespaced_job(action.name, namespace, propagation_policy="Background")
+
+
 def stop(custom, core, namespace: str, name: str, *, batch=None, timeout_s: float = 300, interval_s: float = 1.0,
          log=print) -> float:
     """Delete RayJob `name` (or only its RayCluster when it has ended); seconds until its pods are gone."""
@@ -61,34 +60,23 @@ def stop(custom, core, namespace: str, name: str, *, batch=None, timeout_s: floa
         if exc.status == 404:
             raise LookupError(f"no RayJob {namespace}/{name}") from None
         raise
-    status = rayjob.get("status") or {}
-    deployment, cluster = status.get("jobDeploymentStatus"), status.get("rayClusterName")
-    try:
-        if deployment in ENDED:
-            if cluster:
-                custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", cluster)
-            log(f"stop: RayJob {namespace}/{name} had ended {deployment} ({status.get('jobStatus')}); kept it and "
-                f"deleted its RayCluster {cluster}")
-        else:
-            custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name,
-                                                   propagation_policy="Background")
-            log(f"stop: RayJob {namespace}/{name} was {deployment} ({status.get('jobStatus')}); deleting it (the "
-                "operator's finalizer stops the Ray job first)")
+    status = stopping.status_of(rayjob)
+    cluster = status.get("rayClusterName")
+    plan, why = stopping.stop_plan(rayjob)
+    log(f"stop: {why}")
+    for action in plan:
+        try:
+            _delete(custom, batch, namespace, action)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        log(f"stop: {action}")
+        if action.resource == "rayjobs":
+            # Its finalizer stops the Ray job through the dashboard before the RayJob goes.
             _wait_gone(lambda: custom.get_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name),
                        min(timeout_s, 60), interval_s)
-            # The garbage collector would take the cluster and the submitter Job the RayJob owned, on its own
-            # schedule; deleting them now frees the GPU nodes without waiting for it.
-            if cluster:
-                custom.delete_namespaced_custom_object("ray.io", "v1", namespace, "rayclusters", cluster,
-                                                       propagation_policy="Background")
-                log(f"stop: deleted RayCluster {cluster}")
-            if batch is not None:
-                batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
     if not cluster:
-        log(f"stop: RayJob {namespace}/{name} has no cluster ({deployment})")
+        log(f"stop: RayJob {namespace}/{name} has no cluster ({status.get('jobDeploymentStatus')})")
         return time.monotonic() - started
     deadline = started + timeout_s
     while True:

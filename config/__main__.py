@@ -91,7 +91,7 @@ def day_two_lines(config: ClusterConfig) -> list[str]:
                      "group minimum, which creating a group needs; once the deploy has created them set "
                      "deployed: true, so that later deploys leave out DesiredSize and keep the size the Cluster "
                      "Autoscaler (or you, for a capacity block) set (a teardown deletes the groups: set it back to "
-                     "false before a redeploy)")
+                     "false before a redeploy); --online compares deployed with the node groups EKS has")
     if config.autoscaling.enabled:
         lines.append("min_nodes/max_nodes of a deployed group: only its limits change, running nodes stay (EKS refuses "
                      "a min_nodes above the group's current size, and the deploy rolls back unchanged)")

@@ -154,7 +154,8 @@ class WorkerGroup(_Strict):
                     "the autoscaler the template then leaves ScalingConfig.DesiredSize out, so a later deploy "
                     "(a max_nodes or min_nodes change among them) keeps the size the Cluster Autoscaler set; "
                     "false writes DesiredSize = the group minimum, which creating a node group needs "
-                    "(docs/lifecycle.md).",
+                    "(docs/lifecycle.md). `python -m config check --online` compares it with the node groups EKS "
+                    "has and refuses a mismatch either way.",
         json_schema_extra=limit("EKS API NodegroupScalingConfig: all or none of the sizes at creation; "
                                 "CloudFormation takes no action when DesiredSize is removed"),
     )
@@ -172,6 +173,13 @@ class AutoscalingConfig(_Strict):
         default=10, ge=1, le=1440,
         description="Minutes a GPU node must be unneeded (no Ray pod) before the autoscaler removes it, minutes.",
         json_schema_extra=limit("project bound: one day"),
+    )
+    node_lost_seconds: int = Field(
+        default=60, ge=0, le=3600,
+        description="Seconds a Ray worker pod stays bound to a NotReady or unreachable node before it is evicted "
+        "(its tolerationSeconds; Kubernetes' DefaultTolerationSeconds admission plugin gives 300), and how long "
+        "the watchdog then lets it stay Terminating before it force-deletes it so KubeRay replaces it, seconds.",
+        json_schema_extra=limit("pod tolerationSeconds (int64); project bound: one hour"),
     )
 
 

@@ -10,10 +10,16 @@ from collections.abc import Iterable
 from pydantic import BaseModel
 
 
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The closest of `choices` to `word` (difflib's ratio at least 0.6), else None."""
+    close = difflib.get_close_matches(str(word), sorted(set(choices)), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`" (did you mean 'x'?)"` for the closest of `choices` to `word`, else `""`."""
-    close = difflib.get_close_matches(str(word), sorted(set(choices)), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    close = closest(word, choices)
+    return f" (did you mean '{close}'?)" if close else ""
 
 
 def fields_at(model: type[BaseModel], path: Iterable[str | int]) -> list[str]:

@@ -268,6 +268,37 @@ class JobConfig(_Strict):
         "GPU capacity or too small a quota. KubeRay 1.7.0 retries that failure (job.retries).",
         json_schema_extra=limit("RayJob preRunningDeadlineSeconds (int32 seconds); project bound: one day"),
     )
+    watchdog: bool = Field(
+        default=True,
+        description="Deploy the run's watchdog (dist/ray-watchdog.k8s.yaml, `python -m workloads.watchdog`): it "
+        "deletes a RayJob whose submitter cannot start or whose head crash-loops, deletes the RayCluster of a run "
+        "ended by a raw `ray job stop`, and force-deletes Ray pods stuck Terminating on a lost node: the failures "
+        "KubeRay 1.7.0 leaves holding GPU nodes for hours (docs/failure-handling.md).",
+    )
+    watchdog_period_seconds: int = Field(
+        default=30, ge=5, le=600,
+        description="Seconds between two looks of the watchdog at the RayJob, its cluster, pods and nodes, seconds.",
+        json_schema_extra=limit("project bound: 5 s (API server load) to 10 min"),
+    )
+    submitter_start_minutes: float = Field(
+        allow_inf_nan=False, default=3, gt=0, le=24 * 60,
+        description="Minutes the RayJob's submitter pod may stay not Running (unschedulable, image pull failing) "
+        "before the watchdog deletes the RayJob, minutes: KubeRay 1.7.0 counts the RayJob Running once the "
+        "submitter Job exists, and then only activeDeadlineSeconds (job.timeout_hours) would end it.",
+        json_schema_extra=limit("project bound: one day"),
+    )
+    head_restart_limit: int = Field(
+        default=3, ge=1, le=1000,
+        description="Restarts of the Ray head's container after which the watchdog deletes the RayJob (a crash "
+        "loop; KubeRay 1.7.0 would wait out job.start_deadline_minutes, times job.retries + 1).",
+        json_schema_extra=limit("positive count; project bound"),
+    )
+    head_ready_minutes: float = Field(
+        allow_inf_nan=False, default=10, gt=0, le=24 * 60,
+        description="Minutes the Ray head pod may stay not Ready before the watchdog deletes the RayJob, minutes; "
+        "below job.start_deadline_minutes (when job.watchdog is on), so the watchdog acts first.",
+        json_schema_extra=limit("below job.start_deadline_minutes with job.watchdog (rule); project bound: one day"),
+    )
 
     @field_validator("mlflow_tracking_uri")
     @classmethod

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from config.hints import did_you_mean, fields_at
+from config.hints import closest, did_you_mean, fields_at
 from config.model import ClusterConfig, Problem
 from config.yaml_source import Source, YamlProblem, number_as_written, parse, syntax_problem
 
@@ -70,11 +70,42 @@ def load_config(path: str | os.PathLike | None = None) -> ClusterConfig:
     try:
         config = ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(file, [_problem(e, source) for e in exc.errors()], source) from None
+        raise ConfigError(file, _problems(exc.errors(), source), source) from None
     problems = config.cross_field_problems()
     if problems:
         raise ConfigError(file, problems, source)
     return config
+
+
+def _problems(errors: list[dict], source: Source) -> list[Problem]:
+    """One problem per mistake, the mistyped keys first.
+
+    A mistyped required key makes pydantic report two errors: the field it meant is missing (reported first, at the
+    section's line), and the typo is an unknown key. Read in that order the first line sends the user to add a field
+    that is already in the file, so the two become one line at the typo: the unknown key and the field it meant. A
+    mistyped key is listed before the other problems, which it often causes."""
+    problems: list[Problem | None] = []
+    typos: list[int] = []
+    missing_at: dict[tuple, int] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        if error["type"] == "missing":
+            missing_at[loc] = len(problems)
+        elif error["type"] == "extra_forbidden":
+            typos.append(len(problems))
+        problems.append(_problem(error, source))
+    for i in typos:
+        error = errors[i]
+        loc = tuple(error["loc"])
+        meant = closest(str(loc[-1]), fields_at(ClusterConfig, loc[:-1]))
+        j = missing_at.get(loc[:-1] + (meant,)) if meant else None
+        if j is not None:
+            problems[i] = Problem(path=problems[i].path,
+                                  message=f"unknown key (did you mean '{meant}'? that required field is missing); "
+                                          "see the field reference in docs/reference.md")
+            problems[j] = None
+    first = [problems[i] for i in typos]
+    return first + [p for i, p in enumerate(problems) if p is not None and i not in typos]
 
 
 def _problem(error: dict, source: Source) -> Problem:

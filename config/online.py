@@ -17,6 +17,10 @@ Without `--online` nothing here runs: `offline_notes` says in one line each what
     cluster's Kubernetes version in the region (EKS `DescribeAddonVersions`); offline they are unconfirmed;
   - that the KubeRay operator chart at `ray.kuberay_version` is in its Helm repository's index.yaml (no
     credentials needed);
+  - that each worker group's `deployed` flag says what EKS has: `deployed: false` for a node group that exists
+    (EKS `ListNodegroups` / `DescribeNodegroup` of the cluster, matched by the node group's worker-group tag)
+    would keep `ScalingConfig.DesiredSize` in the template, and `deployed: true` for one that does not would
+    create it without (check_node_groups);
   - with `storage.existing_bucket: true`, that the kept checkpoint bucket exists and its bucket policy still
     holds the TLS-only statement the first deploy wrote (S3 `GetBucketPolicy`; STS `GetCallerIdentity` for the
     account in the derived name): the redeploy declares no policy of its own (stacks/storage.py).
@@ -73,6 +77,9 @@ def offline_notes(config: ClusterConfig) -> list[str]:
                  "them with AWS credentials)")
     notes.append(f"ray.kuberay_version: chart kuberay-operator {config.ray.kuberay_version} not confirmed in its "
                  "Helm repository (offline; --online reads its index.yaml)")
+    if _owned_groups(config):
+        notes.append("cluster.worker_groups.*.deployed: not compared with the node groups EKS has (offline; --online "
+                     "asks EKS ListNodegroups/DescribeNodegroup)")
     notes.append(f"EKS add-on versions ({', '.join(f'{n} {v}' for n, v in addon_pins(config).items())}): not "
                  "confirmed for this region (offline; --online asks EKS DescribeAddonVersions)")
     if config.storage.existing_bucket:
@@ -175,7 +182,9 @@ def check_aws(config: ClusterConfig, found: Findings, session=None) -> None:
     _check_s3(config, found, s3)
     if config.storage.existing_bucket:
         check_kept_bucket(config, found, s3, session.client("sts", region_name=config.region, config=cfg))
-    check_addon_versions(config, found, session.client("eks", region_name=config.region, config=cfg))
+    eks = session.client("eks", region_name=config.region, config=cfg)
+    check_node_groups(config, found, eks)
+    check_addon_versions(config, found, eks)
     ec2 = session.client("ec2", region_name=config.region, config=cfg)
     _check_offerings(config, found, ec2)
     _check_reservations(config, found, ec2)
@@ -227,6 +236,84 @@ def check_addon_versions(config: ClusterConfig, found: Findings, eks) -> None:
             found.problems.append(Problem(path="cluster.kubernetes_version", message=(
                 f"EKS in {config.region} offers no {name} {pinned} for Kubernetes {version} (it lists {newest}); "
                 "pin one it offers in MANAGED_ADDON_VERSIONS (config/versions.py)")))
+
+
+def existing_node_groups(config: ClusterConfig, eks) -> dict[str, str] | None:
+    """The node groups of the cluster `cluster.name` that EKS has, by worker group: {worker group: node group name}.
+    None when the cluster itself does not exist (a first deploy, or after a teardown). The stacks do not name the node
+    groups (CloudFormation generates the names), so each is recognised by the tag the stack puts on it,
+    `ray-efa.io/worker-group: <worker group>` (stacks/efa_nodegroup.py, the Cluster Autoscaler's template tags);
+    DescribeNodegroup returns a node group's tags. Errors other than a missing cluster propagate."""
+    from config.k8s import WORKER_GROUP_LABEL
+
+    name = config.cluster.name
+    try:
+        eks.describe_cluster(name=name)
+    except Exception as exc:  # noqa: BLE001 - botocore's ClientError; anything else propagates below
+        if _error(exc)[0] == "ResourceNotFoundException":
+            return None
+        raise
+    groups: dict[str, str] = {}
+    for page in eks.get_paginator("list_nodegroups").paginate(clusterName=name):
+        for nodegroup in page.get("nodegroups", []):
+            try:
+                tags = eks.describe_nodegroup(clusterName=name, nodegroupName=nodegroup)["nodegroup"].get("tags") or {}
+            except Exception as exc:  # noqa: BLE001
+                if _error(exc)[0] == "ResourceNotFoundException":
+                    continue  # deleted between the listing and the describe
+                raise
+            if WORKER_GROUP_LABEL in tags:
+                groups[tags[WORKER_GROUP_LABEL]] = nodegroup
+    return groups
+
+
+def _owned_groups(config: ClusterConfig) -> list:
+    """(index, group) of the worker groups whose template depends on `deployed`: under the autoscaler, or a capacity
+    block's (stacks/efa_nodegroup.py); the others keep DesiredSize = nodes whatever the flag says."""
+    return [(i, g) for i, g in enumerate(config.cluster.worker_groups)
+            if config.autoscaling.enabled or g.capacity == "capacity_block"]
+
+
+def check_node_groups(config: ClusterConfig, found: Findings, eks) -> None:
+    """Each worker group's `deployed` against the node groups EKS has, for the groups where the flag changes the
+    template (under the autoscaler, or a capacity block: stacks/efa_nodegroup.py).
+
+    Creating a node group needs DesiredSize beside MinSize and MaxSize: "When creating a node group, you must specify
+    all or none of the properties" (EKS API Reference, NodegroupScalingConfig; the same sentence in the CloudFormation
+    template reference, AWS::EKS::Nodegroup ScalingConfig; "none" would mean EKS's own sizes, not the file's). And
+    "whenever this parameter changes, the number of worker nodes in the node group is updated to the specified size
+    ... When using CloudFormation, no action occurs if you remove this parameter from your CFN template" (same page,
+    desiredSize). So both mismatches cost something: `deployed: true` for a group that does not exist fails its
+    creation (the deploy rolls back); `deployed: false` for one that exists keeps DesiredSize = the minimum in the
+    template, and the next min_nodes/max_nodes change resizes the group to it, terminating the nodes of a running
+    job."""
+    owned = _owned_groups(config)
+    if not owned:
+        return
+    name = config.cluster.name
+    try:
+        existing = existing_node_groups(config, eks)
+    except Exception as exc:  # noqa: BLE001 - no route, no permission, an API the endpoint lacks: a note
+        found.notes.append(f"cluster.worker_groups.*.deployed: not compared with EKS's node groups of cluster "
+                           f"{name} ({_error(exc)[0]})")
+        return
+    for i, group in owned:
+        path = f"cluster.worker_groups.{i}.deployed"
+        nodegroup = (existing or {}).get(group.name)
+        if nodegroup and not group.deployed:
+            found.problems.append(Problem(path=path, message=(
+                f"false, but cluster {name} already has node group {nodegroup} for worker group '{group.name}' (EKS "
+                f"DescribeNodegroup): the template would keep ScalingConfig.DesiredSize = {config.group_min(group)}, "
+                "and the next min_nodes or max_nodes change would resize the group to it, terminating running nodes. "
+                "Set deployed: true (docs/lifecycle.md, 'The first deploy and deployed: true')")))
+        elif not nodegroup and group.deployed:
+            where = f"there is no cluster {name}" if existing is None else f"cluster {name} has no node group for it"
+            found.problems.append(Problem(path=path, message=(
+                f"true, but {where} (EKS ListNodegroups): the template would create worker group '{group.name}' "
+                "without ScalingConfig.DesiredSize, while EKS documents that creating a node group takes all three "
+                "sizes or none (NodegroupScalingConfig), so expect the creation to fail and the deploy to roll back. "
+                "Set deployed: false until a deploy has created it (after a "
+                "teardown too; docs/lifecycle.md, 'The first deploy and deployed: true')")))
 
 
 def is_tls_only_statement(statement: dict, bucket: str) -> bool:

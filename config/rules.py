@@ -129,6 +129,15 @@ class RulesMixin:
             add("job.timeout_hours", f"{self.job.timeout_hours} hours rounds to 0 seconds of RayJob "
                 "activeDeadlineSeconds; give at least 1/3600 hour (one second)")
 
+        if self.job.watchdog and self.job.head_ready_minutes >= self.job.start_deadline_minutes:
+            # The watchdog's head rule must act before KubeRay fails the attempt as PreRunningDeadlineExceeded and
+            # retries it on a new cluster (workloads/watchdog.py `head_rule`). Without the watchdog (and on the EC2
+            # target, which has none) nothing reads head_ready_minutes.
+            add("job.head_ready_minutes", f"{self.job.head_ready_minutes:g} minutes is not below "
+                f"job.start_deadline_minutes ({self.job.start_deadline_minutes:g}): KubeRay would fail and retry the "
+                "attempt before the watchdog stops a head that never becomes Ready; lower job.head_ready_minutes or "
+                "raise job.start_deadline_minutes")
+
         problems.extend(token_problems(self.job))
 
         # The world size is derivable only once the groups themselves are valid.

@@ -144,6 +144,9 @@ class EfaNodeGroup(Construct):
             # Reference, NodegroupScalingConfig.desiredSize; the same text in the CloudFormation template reference,
             # AWS::EKS::Nodegroup ScalingConfig). aws_eks_v2's Nodegroup always writes it (desiredSize ?? minSize),
             # hence the escape hatch. Creating a group needs it ("When creating a node group, you must specify all
-            # or none of the properties", same page), so a group not yet deployed (`deployed: false`) keeps it,
-            # at the group minimum; tests/test_lifecycle_templates.py checks both templates.
+            # or none of the properties", same page; "none" would leave the sizes to EKS's defaults, not the file's),
+            # so a group not yet deployed (`deployed: false`) keeps it, at the group minimum;
+            # tests/test_lifecycle_templates.py checks both templates. The flag is the user's to flip, and a wrong one
+            # costs a resize or a failed creation: `config check --online` compares it with the node groups EKS has
+            # (config/online.py `check_node_groups`).
             cfn.add_property_deletion_override("ScalingConfig.DesiredSize")

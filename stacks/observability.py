@@ -177,7 +177,8 @@ def dcgm_exporter_values(config: ClusterConfig) -> dict:
         # it over TCP (-r). So every capability is dropped. It stays user 0: it maps GPUs to pods through the
         # kubelet's pod-resources socket (the chart's hostPath /var/lib/kubelet/pod-resources), a root-owned Unix
         # socket that only root may connect to. Whether the DCGM_FI_PROF_* series still arrive this way, and with
-        # pod labels, only a GPU node can show: docs/observability.md, "To check on a GPU".
+        # pod labels, only a GPU node can show: docs/observability.md, "To check on a GPU"; for the fields,
+        # `python bench/gpu_throughput.py --dcgm` (a capability-less client against a host engine).
         "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "capabilities": {"add": [], "drop": ["ALL"]},
                             "allowPrivilegeEscalation": False},
     }

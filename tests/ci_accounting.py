@@ -8,8 +8,10 @@ there later), else `fast`; `$TEST_TIER` names the whole run instead (`.ci/run`'s
 
 In CI (`CI=true`, as GitHub Actions and `.ci/run` set it) a skip is allowed only when `tests/allowed_skips.toml`
 lists it: an entry's `test` (a node id, `*` globs allowed) and `reason` (a substring of the skip's reason)
-must both match, and its `why` says why that skip is acceptable. Any other skip is printed with its reason and
-the run exits 1 although every test passed: a pipeline that checks less than ours must not stay green.
+must both match, its `why` says why that skip is acceptable, and an `only_when` names an environment variable
+that must be set for the entry to apply (`GITHUB_ACTIONS`: the tiers GitHub's runners cannot run). Any other
+skip is printed with its reason and the run exits 1 although every test passed: a pipeline that checks less than
+ours must not stay green.
 Loaded from tests/conftest.py (`pytest_plugins`). Under pytest-xdist the controller receives every worker's
 reports, so it alone counts and decides.
 """
@@ -34,9 +36,15 @@ class AllowedSkip:
     test: str
     reason: str
     why: str
+    # An environment variable that must be set (true/1/yes) for the skip to be allowed: `GITHUB_ACTIONS` for the
+    # tiers GitHub's runners cannot run (no ../shared lab), so our CI, which has the lab, fails on those skips.
+    only_when: str = ""
 
-    def matches(self, nodeid: str, reason: str) -> bool:
-        return fnmatch.fnmatchcase(nodeid, self.test) and self.reason in reason
+    def applies(self, environ=os.environ) -> bool:
+        return not self.only_when or _true(environ.get(self.only_when, ""))
+
+    def matches(self, nodeid: str, reason: str, environ=os.environ) -> bool:
+        return self.applies(environ) and fnmatch.fnmatchcase(nodeid, self.test) and self.reason in reason
 
 
 def load_allowed(path: Path = ALLOWED_FILE) -> list[AllowedSkip]:
@@ -47,12 +55,20 @@ def load_allowed(path: Path = ALLOWED_FILE) -> list[AllowedSkip]:
         missing = [k for k in ("test", "reason", "why") if not str(entry.get(k, "")).strip()]
         if missing:
             raise pytest.UsageError(f"{path}: [[skip]] entry {i + 1} lacks {', '.join(missing)}")
-        out.append(AllowedSkip(entry["test"], entry["reason"], entry["why"]))
+        unknown = sorted(set(entry) - {"test", "reason", "why", "only_when"})
+        if unknown:
+            raise pytest.UsageError(f"{path}: [[skip]] entry {i + 1}: unknown key(s) {', '.join(unknown)}; "
+                                    "the keys are test, reason, why and only_when")
+        out.append(AllowedSkip(entry["test"], entry["reason"], entry["why"], str(entry.get("only_when", ""))))
     return out
 
 
+def _true(value: str) -> bool:
+    return value.lower() in ("true", "1", "yes")
+
+
 def in_ci(environ=os.environ) -> bool:
-    return environ.get("CI", "").lower() in ("true", "1", "yes")
+    return _true(environ.get("CI", ""))
 
 
 def skip_reason(report) -> str:

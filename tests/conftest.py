@@ -6,8 +6,9 @@ import pytest
 
 from tests.loopback import MotoServer
 
-# Passed/skipped/failed per tier, and in CI (CI=true) an unlisted skip fails the run (tests/allowed_skips.toml).
-pytest_plugins = ("tests.ci_accounting",)
+# Passed/skipped/failed per tier, and in CI (CI=true) an unlisted skip fails the run (tests/allowed_skips.toml);
+# a line whenever pytest has been silent for 10 s (collecting, a long test), so no run is silent for minutes.
+pytest_plugins = ("tests.ci_accounting", "tests.heartbeat")
 
 # A test that uses one of these starts a child process (moto's server) or a Ray run through it: `slow`, so
 # `make check` (pytest -m "not slow") leaves it out wherever the test itself is not marked.

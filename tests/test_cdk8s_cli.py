@@ -20,7 +20,8 @@ from tests.helpers import REPO, write_variant
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
-EXPECTED = ["dashboards.k8s.yaml", "ray-base.k8s.yaml", "ray-cluster.k8s.yaml", "ray-job.k8s.yaml"]
+EXPECTED = ["dashboards.k8s.yaml", "ray-base.k8s.yaml", "ray-cluster.k8s.yaml", "ray-job.k8s.yaml",
+            "ray-watchdog.k8s.yaml"]
 
 
 def _env(**extra: str) -> dict[str, str]:

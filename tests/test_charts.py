@@ -59,8 +59,10 @@ class Synth:
 def _synth(file: Path) -> Synth:
     config = load_config(file)
     charts = manifests(build_app(inputs(config, file)))
-    # The Grafana dashboards (namespace monitoring) are tests/test_observability.py's.
-    return Synth(config=config, file=file, charts={k: v for k, v in charts.items() if k != DASHBOARDS_CHART})
+    # The Grafana dashboards (namespace monitoring) are tests/test_observability.py's; the watchdog (a second
+    # ServiceAccount, cluster-scoped node RBAC) is tests/test_watchdog.py's.
+    return Synth(config=config, file=file, charts={k: v for k, v in charts.items()
+                                                   if k not in (DASHBOARDS_CHART, "ray-watchdog")})
 
 
 def _container(pod_template: dict) -> dict:

@@ -69,3 +69,19 @@ def test_outside_ci_an_unlisted_skip_does_not_fail(tmp_path):
 
 def test_every_allowed_skip_says_why():
     assert all(a.why.strip() and a.reason and a.test for a in load_allowed())
+
+
+def test_an_only_when_entry_applies_only_with_its_variable(tmp_path):
+    path = tmp_path / "allowed.toml"
+    path.write_text('[[skip]]\ntest = "tests/x.py::*"\nreason = "no lab"\nonly_when = "GITHUB_ACTIONS"\nwhy = "w"\n')
+    (entry,) = load_allowed(path)
+    assert entry.matches("tests/x.py::t", "no lab here", {"GITHUB_ACTIONS": "true"})
+    assert not entry.matches("tests/x.py::t", "no lab here", {})
+    assert not entry.matches("tests/x.py::t", "no lab here", {"GITHUB_ACTIONS": "false"})
+
+
+def test_an_unknown_key_in_an_entry_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "allowed.toml"
+    path.write_text('[[skip]]\ntest = "t"\nreason = "r"\nwhy = "w"\nonly_if = "GITHUB_ACTIONS"\n')
+    with pytest.raises(pytest.UsageError, match=r"allowed.toml: \[\[skip\]\] entry 1: unknown key\(s\) only_if"):
+        load_allowed(path)

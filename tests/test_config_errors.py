@@ -4,11 +4,13 @@ itself would lose silently (a duplicate key, a non-finite number)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
 from config import ConfigError, load_config
-from tests.helpers import DEFAULT_FILE
+from tests.helpers import DEFAULT_FILE, REPO
 
 
 def _errors(tmp_path, text: str) -> list[str]:
@@ -46,7 +48,7 @@ def test_mistyped_key_suggests_the_field(tmp_path):
     text = _default_with("  gpus_per_pod:", "  gpus_per_pdo:")
     lines = _errors(tmp_path, text)
     typo = next(line for line in lines if "gpus_per_pdo" in line)
-    assert "cluster.worker_groups.0.gpus_per_pdo: unknown key (did you mean 'gpus_per_pod'?)" in typo
+    assert "cluster.worker_groups.0.gpus_per_pdo: unknown key (did you mean 'gpus_per_pod'?" in typo
     assert typo.endswith(f"(line {_line_of(text, 'gpus_per_pdo')}, column 7)")
 
 
@@ -86,3 +88,40 @@ def test_quoted_text_in_a_number_field_is_refused_by_the_model(tmp_path):
     # Only YAML's own float spellings are numbers; "inf" in quotes reaches the model as text and is refused there.
     lines = _errors(tmp_path, re.sub(r"learning_rate: \S+", 'learning_rate: "abc"', DEFAULT_FILE.read_text()))
     assert any("job.learning_rate" in line for line in lines)
+
+
+def _check_cli(path) -> subprocess.CompletedProcess:
+    """`python -m config check FILE` as a user runs it (about 2 s: the CLI's own imports)."""
+    return subprocess.run([sys.executable, "-m", "config", "check", str(path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("section, key, typo, meant", [
+    # A required section: pydantic reports it missing first, which sent the user to add what is already there.
+    ("cluster", "  worker_groups:", "  worker_grups:", "worker_groups"),
+    # A required field inside a list item.
+    ("cluster.worker_groups.0", "      nodes: 2 ", "      node: 2 ", "nodes"),
+    # A field with a default: only the unknown key.
+    ("network", "  max_azs:", "  max_az:", "max_azs"),
+])
+def test_a_key_typos_first_line_names_the_file_the_key_and_the_field_meant(tmp_path, section, key, typo, meant):
+    text = _default_with(key, typo)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    result = _check_cli(path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    written = typo.strip().rstrip(":").split(":")[0]
+    assert lines[0].startswith(f"{path}: {section}.{written}: unknown key (did you mean '{meant}'?")
+    assert lines[0].endswith(f"(line {_line_of(text, typo.strip())}, column {len(typo) - len(typo.lstrip()) + 1})")
+    # One message for the one mistake: no second line asking to add the field the file already has.
+    assert lines == [lines[0]], lines
+
+
+def test_a_key_typo_is_listed_before_the_problems_it_does_not_cause(tmp_path):
+    text = _default_with("  worker_groups:", "  worker_grups:").replace("max_azs: 2 ", "max_azs: 99 ", 1)
+    lines = _errors(tmp_path, text)
+    assert len(lines) == 2
+    assert ("cluster.worker_grups: unknown key (did you mean 'worker_groups'? that required field is missing)"
+            in lines[0])
+    assert "network.max_azs: Input should be less than or equal to" in lines[1]

@@ -81,6 +81,8 @@ def test_offline_check_names_what_it_skipped_and_sends_nothing(tmp_path, hub):
     assert any("job.model 'Qwen/Qwen2.5-1.5B' is on the Hugging Face Hub: not checked" in n for n in notes)
     assert any("job.dataset 'yahma/alpaca-cleaned'" in n for n in notes)
     assert any("AWS quota, instance offering and capacity reservation: not checked" in n for n in notes)
+    assert any("cluster.worker_groups.*.deployed: not compared with the node groups EKS has (offline" in n
+               for n in notes)
     assert hub.paths == []
 
 
@@ -363,3 +365,135 @@ def test_online_check_notes_an_index_it_cannot_read(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "note: ray.kuberay_version: chart kuberay-operator 1.7.0 not confirmed (http://127.0.0.1:1/index.yaml" \
         in result.stderr
+
+
+# ---- worker groups' `deployed` against the node groups EKS has (ListNodegroups / DescribeNodegroup) -------------
+# moto 5.2.5's EKS backend, through its server without IAM enforcement (tests.loopback.moto_ec2_server): with auth
+# enforced (the `moto_server` above) its SigV4 check refuses every EKS GET (DescribeCluster, ListNodegroups,
+# DescribeNodegroup answer 403 SignatureDoesNotMatch even for the admin; measured), while the POSTs that create a
+# cluster and a node group pass. The calls under test are EKS's; the IAM side is a note either way.
+
+NG_CLUSTER = "online-ng"  # its own cluster name: nothing else in the session's moto backends uses it
+NG_REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def eks_server():
+    import boto3
+
+    from tests.loopback import FAKE_KEYS, moto_ec2_server
+
+    with moto_ec2_server() as server:
+        session = boto3.session.Session(region_name=NG_REGION, aws_access_key_id=FAKE_KEYS["AWS_ACCESS_KEY_ID"],
+                                        aws_secret_access_key=FAKE_KEYS["AWS_SECRET_ACCESS_KEY"])
+        eks = session.client("eks", endpoint_url=server.endpoint_url)
+        role = "arn:aws:iam::123456789012:role/online-ng"
+        eks.create_cluster(name=NG_CLUSTER, roleArn=role, resourcesVpcConfig={"subnetIds": ["subnet-0a"]})
+        # As the stack creates it: a CloudFormation-generated name, the worker group only in the node group's tags.
+        eks.create_nodegroup(clusterName=NG_CLUSTER, nodegroupName="Nodegroupgpu-1A2B3C4D5E6F", nodeRole=role,
+                             subnets=["subnet-0a"], scalingConfig={"minSize": 0, "maxSize": 2, "desiredSize": 0},
+                             tags={"ray-efa.io/worker-group": "gpu", "k8s.io/cluster-autoscaler/enabled": "true"})
+        # Another worker group's name on a node group without the tag (made by hand): not taken for the group.
+        eks.create_nodegroup(clusterName=NG_CLUSTER, nodegroupName="spare", nodeRole=role, subnets=["subnet-0a"],
+                             scalingConfig={"minSize": 0, "maxSize": 1, "desiredSize": 0}, tags={"team": "spare"})
+        yield server, eks
+
+
+def _node_group_findings(tmp_path, eks, *, name: str = NG_CLUSTER, deployed: bool, autoscaling: bool = True):
+    from config.online import Findings, check_node_groups
+    from tests.helpers import load_variant
+
+    config = load_variant(tmp_path, {"cluster": {"name": name}, "autoscaling": {"enabled": autoscaling},
+                                     "region": NG_REGION, "gpu_availability_zone": "us-east-1a"},
+                          group={"deployed": deployed})
+    found = Findings()
+    check_node_groups(config, found, eks)
+    return found
+
+
+def test_online_check_refuses_deployed_false_for_a_group_eks_has(tmp_path, eks_server):
+    _, eks = eks_server
+    found = _node_group_findings(tmp_path, eks, deployed=False)
+    (problem,) = found.problems
+    assert problem.path == "cluster.worker_groups.0.deployed"
+    assert problem.message.startswith(f"false, but cluster {NG_CLUSTER} already has node group "
+                                      "Nodegroupgpu-1A2B3C4D5E6F for worker group 'gpu'")
+    assert "Set deployed: true" in problem.message and found.notes == []
+
+
+def test_online_check_accepts_deployed_true_for_a_group_eks_has(tmp_path, eks_server):
+    _, eks = eks_server
+    found = _node_group_findings(tmp_path, eks, deployed=True)
+    assert (found.problems, found.notes) == ([], [])
+
+
+def test_online_check_refuses_deployed_true_when_the_cluster_is_gone(tmp_path, eks_server):
+    # After a teardown (or before the first deploy): no cluster of that name, so no node group.
+    _, eks = eks_server
+    found = _node_group_findings(tmp_path, eks, name="online-torn-down", deployed=True)
+    (problem,) = found.problems
+    assert problem.path == "cluster.worker_groups.0.deployed"
+    assert problem.message.startswith("true, but there is no cluster online-torn-down (EKS ListNodegroups)")
+    assert "Set deployed: false until a deploy has created it" in problem.message
+
+
+def test_online_check_accepts_deployed_false_before_the_first_deploy(tmp_path, eks_server):
+    _, eks = eks_server
+    found = _node_group_findings(tmp_path, eks, name="online-not-yet", deployed=False)
+    assert (found.problems, found.notes) == ([], [])
+
+
+def test_online_check_refuses_deployed_true_for_a_group_the_cluster_lacks(tmp_path, eks_server):
+    # The cluster exists but has no node group tagged for this worker group (a group added to the file since).
+    from config.online import Findings, check_node_groups
+    from tests.helpers import load_variant
+
+    _, eks = eks_server
+    config = load_variant(tmp_path, {"cluster": {"name": NG_CLUSTER}, "region": NG_REGION,
+                                     "gpu_availability_zone": "us-east-1a"}, group={"name": "spare", "deployed": True})
+    found = Findings()
+    check_node_groups(config, found, eks)
+    (problem,) = found.problems
+    assert problem.message.startswith(f"true, but cluster {NG_CLUSTER} has no node group for it")
+
+
+def test_online_check_ignores_deployed_where_the_template_keeps_desired_size(tmp_path, eks_server):
+    # Without the autoscaler an on-demand group keeps DesiredSize = nodes whatever `deployed` says: nothing to refuse.
+    _, eks = eks_server
+    assert _node_group_findings(tmp_path, eks, deployed=False, autoscaling=False).problems == []
+
+
+def test_online_check_notes_node_groups_it_cannot_ask(tmp_path):
+    # No route to EKS (a port nothing listens on): a note, not a problem.
+    import boto3
+    from botocore.config import Config
+
+    eks = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="x",
+                                region_name=NG_REGION).client(
+        "eks", endpoint_url="http://127.0.0.1:1", config=Config(retries={"max_attempts": 1}, connect_timeout=2))
+    found = _node_group_findings(tmp_path, eks, deployed=True)
+    assert found.problems == []
+    (note,) = found.notes
+    assert note.startswith(f"cluster.worker_groups.*.deployed: not compared with EKS's node groups of cluster "
+                           f"{NG_CLUSTER} (")
+
+
+def test_online_check_names_the_file_and_field_of_a_deployed_mismatch(tmp_path, eks_server):
+    # The whole CLI against the same server: the problem is reported as FILE: FIELD: message, exit 2.
+    import boto3
+
+    from tests.loopback import FAKE_KEYS
+
+    server, _ = eks_server
+    boto3.session.Session(region_name=NG_REGION, aws_access_key_id=FAKE_KEYS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=FAKE_KEYS["AWS_SECRET_ACCESS_KEY"]).client(
+        "s3", endpoint_url=server.endpoint_url).create_bucket(Bucket="online-ng-models")
+    path = write_variant(tmp_path, {"job": {"model": "s3://online-ng-models/qwen", "dataset": "s3://online-ng-models/d"},
+                                    "cluster": {"name": NG_CLUSTER}, "region": NG_REGION,
+                                    "gpu_availability_zone": "us-east-1a"}, group={"deployed": False})
+    env = {**server.env(str(tmp_path)), "HF_HOME": str(tmp_path / "hf")}
+    result = _run(["config", "check", str(path), "--online"], env)
+    assert result.returncode == 2, result.stderr
+    assert (f"{path}: cluster.worker_groups.0.deployed: false, but cluster {NG_CLUSTER} already has node group "
+            "Nodegroupgpu-1A2B3C4D5E6F" in result.stderr)
+    assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from functools import cache
 
 import pytest
 
+from charts import watchdog
 from charts.charts import build_app, inputs, manifests
 from config.k8s import cfn_taint_effect
 from tests.stack_synth import synth, variant_file
@@ -126,8 +127,12 @@ def test_service_account_matches_pod_identity_association(name):
     ray_assoc = [a for a in associations if a["ServiceAccount"] == synth(name).config.ray.service_account]
     assert len(ray_assoc) == 1
     accounts = [o for o in k8s_objects(name) if o["kind"] == "ServiceAccount"]
+    # The watchdog's account (job.watchdog) talks only to the Kubernetes API: no AWS role, no association.
+    watchdog_account = [(synth(name).config.ray.namespace, watchdog.name(synth(name).config))] \
+        if synth(name).config.job.watchdog else []
     assert [(a["metadata"]["namespace"], a["metadata"]["name"]) for a in accounts] == [
-        (ray_assoc[0]["Namespace"], ray_assoc[0]["ServiceAccount"])]
+        (ray_assoc[0]["Namespace"], ray_assoc[0]["ServiceAccount"]), *watchdog_account]
+    assert [a for a in associations if (a["Namespace"], a["ServiceAccount"]) in watchdog_account] == []
     for template in pod_templates(name):
         assert template["spec"]["serviceAccountName"] == ray_assoc[0]["ServiceAccount"]
 

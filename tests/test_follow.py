@@ -129,6 +129,10 @@ class SwitchingProxy:
                 host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
                 self._upstream = (host, int(port))
             for sock in self._sockets:
+                # shutdown first: close() alone does not wake a thread blocked in recv() on Linux, so the
+                # relay kept the client's connection open and `ray job logs --follow` never saw the head go.
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 with contextlib.suppress(OSError):
                     sock.close()
             self._sockets.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from tools import install
 
@@ -31,3 +32,21 @@ def test_a_quiet_step_prints_a_line_at_least_every_heartbeat(monkeypatch, capsys
 def test_a_failed_step_says_so(capsys):
     assert install.run_labelled("broken", [sys.executable, "-c", "raise SystemExit(3)"]) == 3
     assert "broken: failed (exit 3)" in capsys.readouterr().out
+
+
+def test_a_step_that_prints_nothing_at_all_gets_the_heartbeat(monkeypatch, capsys):
+    # As `pip config list` or venv's ensurepip: no output to react to, the thread's clock alone.
+    monkeypatch.setattr(install, "HEARTBEAT_S", 0.4)
+    with install.Heartbeat(lambda elapsed: f"reading: {elapsed:.1f} s"):
+        time.sleep(1.3)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2 and all(line.startswith("reading: ") for line in lines)
+
+
+def test_no_heartbeat_while_the_step_speaks(monkeypatch, capsys):
+    monkeypatch.setattr(install, "HEARTBEAT_S", 0.5)
+    with install.Heartbeat(lambda elapsed: "quiet") as beat:
+        for _ in range(12):
+            time.sleep(0.1)
+            beat.said()
+    assert "quiet" not in capsys.readouterr().out

@@ -67,6 +67,9 @@ PLACEMENT = {
     "DaemonSet/dcgm-server": "gpu",
     "Deployment/kuberay-operator": "system",
     "Deployment/cluster-autoscaler": "system",
+    # The run's watchdog (charts/watchdog.py): a CPU-only poller; on a GPU node it would keep that node from
+    # scaling down after the run, which is what it exists to prevent.
+    "Deployment/watchdog": "system",
     "DaemonSet/image-prepull": "all",
     # The metrics stack (observability): node exporter on every node (it tolerates the GPU taint), dcgm-exporter on
     # the GPU nodes, the rest on the system nodes. Prometheus itself is a StatefulSet the operator makes from the

@@ -288,8 +288,30 @@ def test_32b_full_fine_tune_is_refused_with_its_numbers_and_lora_offered(tmp_pat
     assert "job.method: lora (job.lora.rank: 16), job.sharding: full" in changes
 
 
+def test_32b_full_fine_tune_is_refused_through_the_cli(tmp_path, capsys):
+    """End to end: `python -m workloads.plan FILE` on the default file with job.model Qwen2.5-32B (a full fine-tune
+    on 2 x g6.12xlarge) exits 2; its last stderr line names the file, job.method, the numbers and the fix (LoRA, or
+    more or bigger GPUs), and what fits instead: LoRA fully sharded at micro-batch 1 (config/examples/lora.yaml's
+    job), with its per-GPU peak. Several minutes of CPU: the LoRA candidates simulate 64-layer steps."""
+    file = write_variant(tmp_path, {"job": {"model": "Qwen/Qwen2.5-32B", "method": "full"}})
+    result = run_plan(file)
+    with capsys.disabled():
+        print("\n" + result.stdout + result.stderr.splitlines()[-1])
+    assert result.returncode == 2, result.stdout[-3000:] + result.stderr[-3000:]
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith(f"{file}: job.method: predicted peak 122.1 GiB per GPU exceeds the 20.5 GiB limit"), line
+    assert "the persistent state alone is 122.1 GiB per GPU" in line
+    assert "train LoRA adapters (job.method: lora), or shard over more GPUs or bigger ones" in line
+    instead = line.split("; what fits instead: ")[1]
+    assert instead.startswith("job.method: lora (job.lora.rank: 16), job.sharding: full, job.micro_batch_size: 1;")
+    peak = float(instead.split("(peak ")[1].split(" GiB")[0])
+    assert 0 < peak <= 20.5
+    assert "DOES NOT FIT" in result.stdout and "what would fit instead" in result.stdout
+
+
 def test_lora_example_plans_32b_on_the_default_nodes(capsys):
-    """config/examples/lora.yaml: Qwen2.5-32B, LoRA rank 16, full sharding, micro-batch 2 on 2 x g6.12xlarge."""
+    """config/examples/lora.yaml: Qwen2.5-32B, LoRA rank 16, full sharding, micro-batch 1 on 2 x g6.12xlarge:
+    accepted (exit 0), its per-GPU peak printed under the limit."""
     result = run_plan(LORA_EXAMPLE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with capsys.disabled():
@@ -297,3 +319,6 @@ def test_lora_example_plans_32b_on_the_default_nodes(capsys):
     text = result.stdout
     assert "Qwen/Qwen2.5-32B" in text and "method     LoRA rank 16 (alpha 32)" in text
     assert ": fits" in text and "bf16 frozen base + fp32 adapters" in text
+    (peak_line,) = [line for line in text.splitlines() if line.strip().startswith("peak ")]
+    peak, limit = float(peak_line.split()[1]), float(peak_line.split("limit ")[1].split()[0])
+    assert 0 < peak <= limit == pytest.approx(20.49, abs=0.01), peak_line

@@ -154,7 +154,8 @@ def test_no_token_in_the_manifests(default):
 def test_manifests_with_auth_and_network_policies_validate(default, socket):
     for objects in (default, socket):
         assert validation.problems(objects, "1.34") == []
-        assert set(_policies(objects)) == {"ray-efa-ray", "ray-efa-job-ray", "ray-efa-image-prepull"}
+        assert set(_policies(objects)) == {"ray-efa-ray", "ray-efa-job-ray", "ray-efa-image-prepull",
+                                          "ray-efa-watchdog"}
 
 
 # ---- the NetworkPolicy ----------------------------------------------------------------------------

@@ -34,6 +34,38 @@ def log(message: str) -> None:
     print(f"setup: {message}", flush=True)
 
 
+class Heartbeat:
+    """While a step runs: `line(elapsed_s)` printed whenever nothing was printed for HEARTBEAT_S seconds.
+
+    `said()` records output (the step's own lines). A thread watches the time, so a step that prints nothing at
+    all (a subprocess reading pip's configuration, venv's ensurepip) is covered too; it starts before the step
+    does and stops after it (a `with` block)."""
+
+    def __init__(self, line, start: float | None = None):
+        self.line = line
+        self.start = time.monotonic() if start is None else start
+        self.last = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def said(self) -> None:
+        self.last = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self._done.wait(min(1.0, HEARTBEAT_S / 4)):
+            if time.monotonic() - self.last >= HEARTBEAT_S:
+                print(self.line(time.monotonic() - self.start), flush=True)
+                self.said()
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def pip_config(python: Path) -> dict[str, list[str]]:
     """pip's effective find-links, index URLs and constraints (environment and configuration files)."""
     out = subprocess.run([str(python), "-m", "pip", "config", "list"], capture_output=True, text=True,
@@ -76,33 +108,23 @@ def pinned(requirements: Path, name: str) -> str:
 
 def run_with_heartbeat(command: list[str], venv: Path, start: float, expected: int) -> int:
     """Run `command`, echoing its lines; a progress line whenever it has been quiet for HEARTBEAT_S."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    last = [time.monotonic()]
     total = [expected]
-    done = threading.Event()
 
-    def beat():
-        while not done.wait(1.0):
-            if time.monotonic() - last[0] >= HEARTBEAT_S:
-                have = installed_count(venv)
-                of = f" of {total[0]}" if total[0] else ""
-                log(f"still installing: {time.monotonic() - start:.0f} s so far, {have}{of} packages in {venv}")
-                last[0] = time.monotonic()
+    def progress(elapsed: float) -> str:
+        of = f" of {total[0]}" if total[0] else ""
+        return f"setup: still installing: {elapsed:.0f} s so far, {installed_count(venv)}{of} packages in {venv}"
 
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    for line in process.stdout:
-        line = line.rstrip()
-        if line:
-            match = re.match(r"Resolved (\d+) packages", line)
-            if match:
-                total[0] = int(match.group(1))
-            log(f"uv: {line}")
-            last[0] = time.monotonic()
-    code = process.wait()
-    done.set()
-    thread.join()
-    return code
+    with Heartbeat(progress, start) as beat:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in process.stdout:
+            line = line.rstrip()
+            if line:
+                match = re.match(r"Resolved (\d+) packages", line)
+                if match:
+                    total[0] = int(match.group(1))
+                log(f"uv: {line}")
+                beat.said()
+        return process.wait()
 
 
 def run_labelled(label: str, command: list[str], *, log_file: Path | None = None) -> int:
@@ -115,27 +137,16 @@ def run_labelled(label: str, command: list[str], *, log_file: Path | None = None
 
     say(f"{label}: {' '.join(command)}" + (f" (output in {log_file})" if log_file else ""))
     sink = log_file.open("a") if log_file else None
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    last = [time.monotonic()]
-    done = threading.Event()
-
-    def beat():
-        while not done.wait(1.0):
-            if time.monotonic() - last[0] >= HEARTBEAT_S:
-                say(f"{label}: still working, {time.monotonic() - start:.0f} s so far")
-                last[0] = time.monotonic()
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    for line in process.stdout:
-        if sink:
-            sink.write(line)
-        elif line.strip():
-            say(f"{label}: {line.rstrip()}")
-            last[0] = time.monotonic()
-    code = process.wait()
-    done.set()
-    thread.join()
+    # The heartbeat starts before the process: starting it (an interpreter on a loaded machine) can be slow too.
+    with Heartbeat(lambda elapsed: f"{label}: still working, {elapsed:.0f} s so far", start) as beat:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        for line in process.stdout:
+            if sink:
+                sink.write(line)
+            elif line.strip():
+                say(f"{label}: {line.rstrip()}")
+                beat.said()
+        code = process.wait()
     if sink:
         sink.close()
     say(f"{label}: {'done' if code == 0 else f'failed (exit {code})'} in {time.monotonic() - start:.0f} s")
@@ -178,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         return code
     what = f" ({args.what})" if args.what else ""
     log(f"[3/3] installing {packages} pinned packages of {args.requirements} and their dependencies with uv{what}")
-    command = [str(uv), "pip", "install", "--python", str(python), *uv_flags(pip_config(python)),
-               "-r", str(args.requirements)]
+    # `pip config list` starts pip (seconds; more on a loaded machine): under the heartbeat like every step.
+    with Heartbeat(lambda elapsed: f"setup: reading pip's configuration for uv, {elapsed:.0f} s so far", start):
+        flags = uv_flags(pip_config(python))
+    command = [str(uv), "pip", "install", "--python", str(python), *flags, "-r", str(args.requirements)]
     code = run_with_heartbeat(command, args.venv, start, 0)
     if code != 0:
         log(f"failed after {time.monotonic() - start:.0f} s (uv exit {code}); rerun `make setup` to resume: "

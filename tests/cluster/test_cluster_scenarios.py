@@ -173,10 +173,11 @@ def test_stop_command_frees_the_gpu_nodes(env):
         cleanup(env, objects)
 
 
-def test_raw_ray_job_stop_is_bounded(env):
-    """(b) a raw `ray job stop`: STOPPED, RayJob Complete, and no deletion rule matches (the CRD's enum): the GPU
-    workers stay. `python -m charts.stop` on the ended RayJob deletes its RayCluster."""
-    timeline = deploy.Timeline("raw-ray-job-stop")
+def test_raw_ray_job_stop_then_the_stop_command(env):
+    """(b) a raw `ray job stop` with no watchdog: STOPPED, RayJob Complete, and no deletion rule matches (the CRD's
+    enum): the GPU workers stay. `python -m charts.stop` on the ended RayJob deletes its RayCluster. (With the
+    watchdog, which the chart deploys by default, no command is needed: test_cluster_watchdog.py.)"""
+    timeline = deploy.Timeline("raw-ray-job-stop-then-stop-command")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
     try:
         wait_job(env, job_id, "RUNNING")
@@ -195,11 +196,12 @@ def test_raw_ray_job_stop_is_bounded(env):
         took = stop(env["lab"].custom, env["lab"].core, env["ns"], NAME, batch=env["lab"].batch, timeout_s=60,
                     log=timeline)
         nodes, lost = cost_minutes(env, took)
-        record(scenario="raw-ray-job-stop", outcome="STOPPED; RayJob Complete; workers held until "
-               "`python -m charts.stop` deletes the RayCluster", gpu_nodes=nodes, gpu_node_minutes_lost=lost,
+        record(scenario="raw-ray-job-stop-then-stop-command", outcome="STOPPED; RayJob Complete; workers held "
+               "until `python -m charts.stop` deletes the RayCluster (job.watchdog false)", gpu_nodes=nodes,
+               gpu_node_minutes_lost=lost,
                limit="KubeRay 1.7.0 deletionRules admit jobStatus SUCCEEDED/FAILED only (rayjob_types.go "
-               "DeletionCondition enum): after a raw `ray job stop` the workers stay until `python -m charts.stop`;"
-               " cost shown is when it follows the stop at once", timeline=timeline.entries)
+               "DeletionCondition enum); without the watchdog the workers stay until `python -m charts.stop`: cost "
+               "shown is when it follows the stop at once", timeline=timeline.entries)
     finally:
         cleanup(env, objects)
 
@@ -292,41 +294,5 @@ def _submit(client, entrypoint: str, job_id: str) -> bool:
         raise
 
 
-def test_a_submitter_that_cannot_start_holds_the_gpu_workers(env):
-    """(c) The submitter pod cannot be scheduled (the system nodes cordoned once the head is placed): once KubeRay
-    has created the submitter Job the RayJob is Running, and no pre-running deadline applies any more
-    (rayjob_controller.go, case JobDeploymentStatusRunning: only `checkActiveDeadlineAndUpdateStatusIfNeeded` and
-    `checkTransitionGracePeriodAndUpdateStatusIfNeeded`, which needs a finished submitter). The GPU workers are held
-    until activeDeadlineSeconds (`job.timeout_hours`). No mitigation is built yet: the row names the limit."""
-    lab, ns = env["lab"], env["ns"]
-    timeline = deploy.Timeline("submitter-cannot-start")
-    system = [n for n, s in env["nodes"].items() if s.labels.get("ray-efa.io/role") == "system"]
-    objects = rayjob_manifest(env["synth"], env["head"].ip)
-    lab.apply(objects)
-    try:
-        wait_for(lambda: any(p.spec.node_name for p in deploy.namespace_pods(lab, ns, "ray.io/node-type=head")), 60,
-                 "the head pod to be bound", interval_s=0.1)
-        for node in system:
-            lab.core.patch_node(node, {"spec": {"unschedulable": True}})
-        timeline("head bound; system nodes cordoned")
-        wait_for(lambda: submitter_pods(env), 60, "the submitter pod", interval_s=0.5)
-        timeline("submitter Job created; its pod cannot be scheduled")
-        time.sleep(20)
-        status = deploy.rayjob_status(lab, ns, NAME)
-        pending = [p.status.phase for p in submitter_pods(env)]
-        held = len(gpu_pods(env))
-        timeline(f"20 s later: RayJob {status.get('jobDeploymentStatus')}, submitter {pending}, {held} GPU workers up")
-        assert status.get("jobDeploymentStatus") == "Running" and pending == ["Pending"]
-        assert held == sum(g.nodes for g in env["synth"].config.cluster.worker_groups)
-        config = env["synth"].config
-        nodes, lost = cost_minutes(env, config.job.timeout_hours * 3600)
-        record(scenario="submitter-cannot-start", outcome="RayJob Running, submitter Pending, GPU workers held",
-               gpu_nodes=nodes, gpu_node_minutes_lost=lost,
-               limit="KubeRay 1.7.0: a RayJob whose submitter Job exists is Running and only activeDeadlineSeconds "
-               "(job.timeout_hours) ends it (rayjob_controller.go case JobDeploymentStatusRunning); mitigation "
-               "(a watchdog that deletes the RayJob when its submitter pod is not Running after 10 min) NOT BUILT",
-               timeline=timeline.entries)
-    finally:
-        for node in system:
-            lab.core.patch_node(node, {"spec": {"unschedulable": False}})
-        cleanup(env, objects)
+# The submitter that cannot start, the head crash loop, the raw `ray job stop` without the stop command and the lost
+# GPU node: tests/cluster/test_cluster_watchdog.py, with the watchdog running.

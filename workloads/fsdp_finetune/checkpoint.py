@@ -175,19 +175,27 @@ def export_hf_model(model, tokenizer, destination: str, *, dtype: torch.dtype | 
         state = {k: v.to(dtype) if dtype is not None and v.is_floating_point() else v
                  for k, v in state.items() if k not in aliases}
         with tempfile.TemporaryDirectory(prefix="hf-export-") as tmp:
-            # save_pretrained on the unwrapped module: the config and generation config come along.
-            model.save_pretrained(tmp, state_dict=state, safe_serialization=True, max_shard_size=max_shard_size)
-            if dtype is not None:
-                # save_pretrained records the dtype of the live (fp32) parameters; record the written one.
-                config = copy.deepcopy(model.config)
-                config.dtype = dtype
-                config.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            write_hf_folder(tmp, model, state, tokenizer, dtype=dtype, max_shard_size=max_shard_size)
             copy_tree(tmp, destination)
     # No barrier after the write: it would be a collective bounded by job.collective_timeout_minutes, so an
     # export slower than that (gather, safetensors, upload) would fail a finished run, and every retry would
     # resume at max_steps and fail the same way. Nothing collective follows, and Ray Train ends the run only
     # once every worker's function has returned (tests/test_export.py).
+
+
+def write_hf_folder(folder: str, model, state: dict, tokenizer, *, dtype: torch.dtype | None,
+                    max_shard_size: str) -> None:
+    """A Hugging Face model folder in `folder`: `state` (already gathered, in `dtype`, each tied weight once) as
+    safetensors with `model`'s config and generation config, and the tokenizer. The one writer of both exports:
+    the full fine-tune's (`export_hf_model`) and LoRA's merged model (`lora.export_lora`)."""
+    # save_pretrained on the unwrapped module: the config and generation config come along.
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True, max_shard_size=max_shard_size)
+    if dtype is not None:
+        # save_pretrained records the dtype of the live (fp32) parameters; record the written one.
+        config = copy.deepcopy(model.config)
+        config.dtype = dtype
+        config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 # Seconds an S3 request may go without a byte before it fails, and to connect. The AWS C++ SDK inside pyarrow

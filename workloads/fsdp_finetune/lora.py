@@ -21,7 +21,6 @@ adapters have gradients, reduce-scatters and AdamW state.
 
 from __future__ import annotations
 
-import copy
 import tempfile
 
 import torch
@@ -145,7 +144,7 @@ def export_lora(model, peft_model, tokenizer, destination: str, *, lora: dict, m
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from workloads.fsdp_finetune.checkpoint import copy_tree, tied_aliases
+    from workloads.fsdp_finetune.checkpoint import copy_tree, tied_aliases, write_hf_folder
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merge)
     state = get_model_state_dict(model, options=options)
@@ -162,10 +161,5 @@ def export_lora(model, peft_model, tokenizer, destination: str, *, lora: dict, m
             aliases = tied_aliases(model)
             merged = merged_state({k: v for k, v in state.items() if k not in aliases},
                                   scaling=lora["alpha"] / lora["rank"], dtype=dtype)
-            model.save_pretrained(tmp, state_dict=merged, safe_serialization=True, max_shard_size=max_shard_size)
-            if dtype is not None:
-                config = copy.deepcopy(model.config)
-                config.dtype = dtype
-                config.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            write_hf_folder(tmp, model, merged, tokenizer, dtype=dtype, max_shard_size=max_shard_size)
         copy_tree(tmp, destination)

@@ -96,6 +96,77 @@ def release_fake_process_group() -> None:
         dist.destroy_process_group()
 
 
+def packed_positions(micro_batch_size: int, seq_len: int) -> torch.Tensor:
+    """`position_ids` of `micro_batch_size` packed blocks of two examples each (int64, [B, T]), restarting at the
+    middle of each block. Only their presence and shape change what a step allocates: transformers builds its
+    block-causal mask from them, the same [B, 1, T, T] whatever the example lengths."""
+    half = seq_len // 2
+    row = torch.cat([torch.arange(half), torch.arange(seq_len - half)])
+    return row.expand(micro_batch_size, seq_len).contiguous()
+
+
+def loss_through_call(model) -> None:
+    """Make the FSDP2 root's loss method (`loss.install_fsdp_loss`) visible to `FSDPMemTracker`.
+
+    The tracker follows modules through their `__call__` hooks, so the loss method goes through the root's
+    `__call__` (the same FSDP pre-/post-forward hooks run); it also refuses a second root forward in one tracked
+    step (gradient accumulation), so its per-module stats (not its peak) are cleared before each one
+    (`tracked_step` sets the tracker this reads).
+    """
+    from workloads.fsdp_finetune.loss import _FSDP_METHOD, causal_lm_loss_sum
+
+    model.forward = types.MethodType(causal_lm_loss_sum, model)
+
+    def call(*args, **kwargs):
+        tracker = getattr(model, _TRACKER_ATTR, None)
+        if tracker is not None:
+            tracker.reset_mod_stats()
+        return model(*args, **kwargs)
+
+    setattr(model, _FSDP_METHOD, call)
+
+
+_TRACKER_ATTR = "_plan_mem_tracker"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackedStep:
+    """One `train_step` under the FSDP2 memory tracker, bytes by `CATEGORIES`."""
+
+    peak: StepMemory
+    """At the step's peak."""
+    after: dict[str, int]
+    """When the step has returned: what persists to the next step (parameters, optimizer state; gradients are
+    freed by `zero_grad(set_to_none=True)`)."""
+
+
+def tracked_step(model, optimizer, batches: list[dict], *, grad_clip: float, peak_only: bool = True) -> TrackedStep:
+    """The workload's `train_step` on `batches` under `FSDPMemTracker` (`model` prepared by `loss_through_call`).
+
+    Fake or real tensors alike: the plan runs it on fake ones (`FakeJob.measure`), tests/test_plan_tracked.py on
+    a real model and real packed data, under the same fake process group. `peak_only`: `_peak_only_tracker`.
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from workloads.fsdp_finetune.train import train_step
+
+    tracker = (_peak_only_tracker() if peak_only else FSDPMemTracker)(model, optimizer)
+    setattr(model, _TRACKER_ATTR, tracker)
+    try:
+        with tracker:
+            train_step(model, optimizer, batches, grad_clip=grad_clip, device=torch.device("cpu"))
+    finally:
+        setattr(model, _TRACKER_ATTR, None)
+
+    def by_category(kind: str) -> dict[str, int]:
+        (snapshot,) = tracker.get_tracker_snapshot(kind).values()
+        return {str(getattr(k, "value", k)): v for k, v in snapshot.items()}
+
+    peak, after = by_category("peak"), by_category("current")
+    group = lambda named: {name: sum(named.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}  # noqa: E731
+    return TrackedStep(peak=StepMemory(peak=int(peak["Total"]), by_category=group(peak)), after=group(after))
+
+
 class FakeJob(contextlib.AbstractContextManager):
     """The job's model, sharded, and its optimizer, on fake tensors; `with FakeJob(...) as job:`."""
 
@@ -113,7 +184,6 @@ class FakeJob(contextlib.AbstractContextManager):
         init_fake_process_group(mesh_plan.world_size)
         self.mesh = build_mesh(mesh_plan, "cpu")  # outside FakeTensorMode, see the module doc
         self._stack = contextlib.ExitStack()
-        self._tracker = None
         self.model = self.optimizer = None
         self.params = self.root_params = 0
         self.param_shapes: list[tuple[int, ...]] = []
@@ -139,7 +209,6 @@ class FakeJob(contextlib.AbstractContextManager):
     def _build(self) -> None:
         from transformers import AutoModelForCausalLM
 
-        from workloads.fsdp_finetune.loss import _FSDP_METHOD, causal_lm_loss_sum
         from workloads.fsdp_finetune.model import decoder_layers, shard_model
         from workloads.fsdp_finetune.train import build_optimizer
 
@@ -166,26 +235,22 @@ class FakeJob(contextlib.AbstractContextManager):
                     activation_checkpointing=self.activation_checkpointing,
                     reshard_after_forward=self.reshard_after_forward)
         model.to_empty(device="cpu")
-        # FSDPMemTracker follows modules through their forward hooks, so the loss method goes
-        # through the root's __call__ (same FSDP hooks); it also refuses a second root forward in
-        # one tracked step (gradient accumulation), so its per-module stats (not its peak) are
-        # cleared before each one.
-        model.forward = types.MethodType(causal_lm_loss_sum, model)
-
-        def loss_through_call(*args, **kwargs):
-            if self._tracker is not None:
-                self._tracker.reset_mod_stats()
-            return model(*args, **kwargs)
-
-        setattr(model, _FSDP_METHOD, loss_through_call)
+        loss_through_call(model)
         self.model = model
         # The learning rate and weight decay change no tensor's size.
         self.optimizer = build_optimizer(model, {"learning_rate": 1e-5, "weight_decay": 0.0}, torch.device("cpu"))
 
     def _micro_batches(self, micro_batch_size: int, seq_len: int, count: int) -> list[dict]:
+        """Random token ids laid out as the training data's packed blocks (`data.make_batch`): with `position_ids`
+        restarting at each example, which under sdpa make transformers build a block-causal mask per micro-batch
+        (`masking_utils.find_packed_sequence_indices`; on fake tensors it always does, as on real packed blocks).
+        Without them the tracked step on real data held 2.2 % more activations than the plan (the tiny model at
+        micro-batch 8 x 128: the mask, and the positions' own tensors); tests/test_plan_tracked.py compares the two.
+        A flash-attention job (varlen arguments, no mask) allocates less by the mask: the plan errs high there."""
         vocab = self.arch.vocab_size
-        return [{"input_ids": (ids := torch.randint(0, vocab, (micro_batch_size, seq_len))), "labels": ids}
-                for _ in range(count)]
+        # Each micro-batch its own positions, as each real one has (one shared tensor was 4 KiB short here).
+        return [{"input_ids": (ids := torch.randint(0, vocab, (micro_batch_size, seq_len))), "labels": ids,
+                 "position_ids": packed_positions(micro_batch_size, seq_len)} for _ in range(count)]
 
     def count_flops(self, micro_batch_size: int, seq_len: int) -> tuple[float, float]:
         """(FLOPs one micro-batch executes in `train_step`, FLOPs of its forward pass alone), this rank.
@@ -207,8 +272,9 @@ class FakeJob(contextlib.AbstractContextManager):
             train_step(self.model, self.optimizer, [batch], grad_clip=self.grad_clip, device=torch.device("cpu"))
         executed = counter.get_total_flops()
         counter = flop_counter()
+        inputs = dict(batch)
         with counter, torch.no_grad():
-            loss_sum(self.model, batch["input_ids"], batch["labels"])
+            loss_sum(self.model, inputs.pop("input_ids"), inputs.pop("labels"), **inputs)
         self.model.reshard()  # the root stays gathered after a forward (reshard_after_forward=False)
         return float(executed), float(counter.get_total_flops())
 
@@ -225,22 +291,10 @@ class FakeJob(contextlib.AbstractContextManager):
         A third micro-batch peaks like the second (both run with the window's gradient shards
         already allocated), so at most two are run.
         """
-        from workloads.fsdp_finetune.train import train_step
-
         if not self.optimizer.state:
             raise RuntimeError("count_flops first: it runs the step that creates AdamW's state")
         batches = self._micro_batches(micro_batch_size, seq_len, min(grad_accumulation, 2))
-        tracker = _peak_only_tracker()(self.model, self.optimizer)
-        self._tracker = tracker
-        try:
-            with tracker:
-                train_step(self.model, self.optimizer, batches, grad_clip=self.grad_clip, device=torch.device("cpu"))
-        finally:
-            self._tracker = None
-        (snapshot,) = tracker.get_tracker_snapshot("peak").values()
-        named = {str(getattr(k, "value", k)): v for k, v in snapshot.items()}
-        by_category = {name: sum(named.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}
-        return StepMemory(peak=int(named["Total"]), by_category=by_category)
+        return tracked_step(self.model, self.optimizer, batches, grad_clip=self.grad_clip).peak
 
     def state_floor(self) -> dict[str, int]:
         """This rank's persistent state as it will be after the first step, from the shards alone (no step run):
