@@ -9,7 +9,8 @@ per run (`cold`, `warm`): `s` (seconds, the whole pytest run of the module), pyt
 steps the tests print (`ray_up_head_s`, `worker_on_demand_s`, `ray_down_s`, `deadline_stop_s`; the fine-tune's
 `finetune_up_s`, `finetune_lost_s` and `finetune_gpu_node_minutes` from the worker's kill until the resumed run is
 back at the step it had reached, at 2 GPU nodes, `finetune_down_s`) and, cold,
-`image_build_s` (the debootstrap step). Target: warm under 300 s on two cores (issue 34).
+`image_build_s` (the debootstrap step); the load average before (1 min) and after (5 min) each
+run. Target: warm under 300 s on two cores (issue 34).
 Root only (network namespaces, dockerd); takes about 10 minutes. Not part of the test suite (it runs it).
 """
 
@@ -31,6 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _run(cache: Path) -> dict:
     env = {**os.environ, "EC2_TIER_CACHE": str(cache)}
+    # The machine's load beside each run: the head's `ray start` fails under CPU starvation (Ray 2.58's raylet
+    # aborts when the dashboard agent has not written its port file in time: docs/ec2.md "Measured").
+    load_before = os.getloadavg()[0]
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                            "tests/test_ec2_rayup.py"], cwd=REPO, env=env, capture_output=True, text=True)
@@ -51,7 +55,8 @@ def _run(cache: Path) -> dict:
         if (m := re.search(pattern, proc.stdout))}
     if proc.returncode:
         print(proc.stdout[-8000:], file=sys.stderr)  # what failed, for the record
-    return {"s": round(seconds, 1), "exit": proc.returncode, **counts, **steps,
+    return {"s": round(seconds, 1), "exit": proc.returncode, "load_1min_before": round(load_before, 1),
+            "load_5min_after": round(os.getloadavg()[1], 1), **counts, **steps,
             **({"image_build_s": float(build.group(1))} if build else {})}
 
 
