@@ -305,7 +305,8 @@ def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_
             follow.kill()
             follow.wait(timeout=30)
     status = tier.ray("exec", yaml_path, f"ray job status --address http://127.0.0.1:8265 {SUBMISSION_ID}")
-    assert "SUCCEEDED" in status.stdout, f"{status.stdout[-2000:]}\n{logs[-6000:]}"
+    # `ray job status` prints "Job '<id>' succeeded" (ray 2.58.0 ray/dashboard/modules/job/cli.py, _log_job_status).
+    assert f"Job '{SUBMISSION_ID}' succeeded" in status.stdout, f"{status.stdout[-2000:]}\n{logs[-6000:]}"
     assert latest == FIRST_CHECKPOINT, watch.render("")
 
     # Resumed from the checkpoint registered before the kill, in the same job, to the last step.
