@@ -4,8 +4,8 @@
     python -m charts.launcher render --outputs outputs.json       # describe-stacks or `cdk deploy --outputs-file`
 
 writes `out/ec2/cluster.yaml` and the code bundle `out/ec2/app/` (the same files the EKS ConfigMap
-carries: workloads, config, the variable file, job.sh, submit.sh), which `file_mounts` puts at /app in
-every Ray container, as the ConfigMap does on EKS. So `ray exec out/ec2/cluster.yaml 'bash
+carries: workloads, config, the variable file, job.sh, submit.sh), which `file_mounts` syncs to every host and
+a bind mount puts at /app in every Ray container, as the ConfigMap does on EKS. So `ray exec out/ec2/cluster.yaml 'bash
 /app/submit.sh'` submits exactly what `kubectl exec ... bash /app/submit.sh` submits there.
 
 Upstream behaviour this relies on (ray 2.58.0, ray/autoscaler/): prepare_config merges aws/defaults.yaml
@@ -32,14 +32,32 @@ from config.cli import add_file_argument, chosen_file
 from config.ec2 import NETWORK_OUTPUTS, RAY_CLUSTER_TAG, ROOT_DEVICE, SSH_USER, STACK_OUTPUTS, efa_devices, node_sizing
 from config.efa import INTERFACE_TYPES, efa_interface_layout
 from config.loader import REPO_ROOT
+from config.topology import LOGICAL_GPU_RESOURCE
 
 # charts.bundle and charts.ray are imported where used: they load cdk8s (jsii, a Node.js process), which
 # `--help` and the tests of the pure parts do not need.
 MOUNT_PATH = "/app"
-"""Where `file_mounts` puts the code bundle in every container: charts.bundle.MOUNT_PATH, the pods' mount."""
+"""Where the code bundle is in every container: charts.bundle.MOUNT_PATH, the pods' mount."""
+# `file_mounts` syncs the bundle to each host (under Ray's docker mount prefix) and bind-mounts it at this staging
+# path; a run option of our own bind-mounts the same host folder at /app. Not `file_mounts: {/app: ...}` alone: when
+# a worker's container dies and its instance lives on, the autoscaler's recovery starts a new container with
+# `file_mounts={}` (ray 2.58.0, ray/autoscaler/_private/autoscaler.py StandardAutoscaler.recover_if_needed;
+# DockerCommandRunner.run_init mounts only the file mounts it is given), so that container had no /app and the
+# resumed training workers could not import the workload (found by the ray up tier's worker kill). The run options
+# are the node's docker config, which recovery keeps.
+APP_STAGING_PATH = "/opt/ray-efa-app"
 HEAD_TYPE = "head"
 OUT_DIR = REPO_ROOT / "out" / "ec2"
-AUTH_ENV_FILE = f"/home/{SSH_USER}/.ray-auth.env"
+# The Ray token: a root-only file on each host, bind-mounted read-only into the containers, which are given only its
+# path. Ray 2.58 reads a token from the file RAY_AUTH_TOKEN_PATH names when RAY_AUTH_TOKEN is unset
+# (src/ray/rpc/authentication/authentication_token_loader.cc, TryLoadTokenFromSources: RAY_AUTH_TOKEN, then
+# RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token; a set path that is unreadable or empty is an error, never an
+# unauthenticated start), so the token is in no container's environment and never in `docker inspect`, which
+# `--env`/`--env-file` would put it in. /run is a tmpfs on AL2023: the token never reaches the root volume.
+# Owned by root, mode 0600, in a 0700 directory: Docker (root) makes the bind mount and the DLC's processes run as
+# root (no USER line), so nothing else needs to read it; the SSH user writes it through sudo.
+AUTH_TOKEN_DIR = "/run/ray-auth"
+AUTH_TOKEN_FILE = f"{AUTH_TOKEN_DIR}/token"
 OBJECT_STORE_ENV = "RAY_EFA_OBJECT_STORE_BYTES"
 # Ray's AWS example configs run `ray start` under a raised open-file limit; kept.
 _ULIMIT = "ulimit -n 65536;"
@@ -106,6 +124,12 @@ def _root_volume(size_gib: int) -> list[dict]:
 _METADATA = {"HttpTokens": "required", "HttpPutResponseHopLimit": 1, "HttpEndpoint": "enabled"}
 
 
+def app_host_path(cluster_name: str) -> str:
+    """Where Ray syncs the staged bundle on each host (ray 2.58.0 ray/autoscaler/sdk/sdk.py
+    get_docker_host_mount_location, joined as docker.py docker_start_cmds joins a file mount's destination)."""
+    return f"/tmp/ray_tmp_mount/{cluster_name}/{APP_STAGING_PATH}"
+
+
 def _env_options(env: dict[str, str]) -> list[str]:
     return [f"--env {shlex.quote(f'{k}={v}')}" for k, v in env.items()]
 
@@ -125,9 +149,22 @@ def _initialization_commands(config: ClusterConfig, outputs: dict[str, str]) -> 
         # each command in `(...)`, and bash reads `((` as arithmetic (found by the ray up tier).
         commands.append(f"{{ t=$({read}) && [ -n \"$t\" ]; }} || {{ echo 'error: cannot read the Ray auth token "
                         f"from Secrets Manager ({outputs['AuthTokenSecretArn']}): check the instance profile and the "
-                        f"secret (docs/ec2.md)' >&2; exit 1; }}; umask 077 && "
-                        f"printf 'RAY_AUTH_MODE=token\\nRAY_AUTH_TOKEN=%s\\n' \"$t\" > {AUTH_ENV_FILE}")
+                        f"secret (docs/ec2.md)' >&2; exit 1; }}; {auth_token_write()}")
     return commands
+
+
+def auth_token_write() -> str:
+    """Write "$t" (the token, a shell variable: never on a command line) to AUTH_TOKEN_FILE as root, mode 0600.
+    In place (`cat >`), so a container that has it bind-mounted keeps seeing the file on a second `ray up`."""
+    script = (f"umask 077 && mkdir -p {AUTH_TOKEN_DIR} && chmod 700 {AUTH_TOKEN_DIR} && cat > {AUTH_TOKEN_FILE} "
+              f"&& chmod 600 {AUTH_TOKEN_FILE}")
+    return f"printf '%s\\n' \"$t\" | sudo sh -c {shlex.quote(script)}"
+
+
+def auth_run_options() -> list[str]:
+    """The token file, read-only, and its path: what every Ray container gets with `ray.auth: token`."""
+    return ["--env RAY_AUTH_MODE=token", f"--env RAY_AUTH_TOKEN_PATH={AUTH_TOKEN_FILE}",
+            f"-v {AUTH_TOKEN_FILE}:{AUTH_TOKEN_FILE}:ro"]
 
 
 def host_tools_command() -> str:
@@ -199,12 +236,21 @@ def _worker_node_type(config: ClusterConfig, group, outputs: dict[str, str], ini
         commands.append(f"sudo sysctl -w vm.nr_hugepages={config.nvidia_nodes_hugepages(group)}")
     return {
         "node_config": node_config,
-        "resources": {"CPU": itype.vcpus, "GPU": itype.gpus},
+        "resources": _worker_resources(group, itype),
         "min_workers": config.group_min(group),
         "max_workers": config.group_max(group),
         "initialization_commands": commands,
         "docker": {"worker_run_options": run_options},
     }
+
+
+def _worker_resources(group, itype) -> dict[str, int]:
+    """What the node type offers Ray (the autoscaler launches a type for demand its resources meet). A lab's
+    logical GPUs (`logical_gpus`, a CPU type) are the custom resource the CPU training workers ask for
+    (config.topology.LOGICAL_GPU_RESOURCE, as charts.ray gives the EKS pods), with no real GPU."""
+    if group.logical_gpus is not None:
+        return {"CPU": itype.vcpus, "GPU": 0, LOGICAL_GPU_RESOURCE: group.logical_gpus}
+    return {"CPU": itype.vcpus, "GPU": itype.gpus}
 
 
 def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: Path) -> dict:
@@ -215,9 +261,10 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
     head_sizing = node_sizing(head_type.memory_gib)
     init = _initialization_commands(config, outputs)
     env = {**_code_env(config), "CHECKPOINT_BUCKET": outputs["BucketName"]}
-    run_options = ["--ulimit memlock=-1", *host_tools_run_options(), *_env_options(env)]
+    run_options = ["--ulimit memlock=-1", f"-v {app_host_path(config.cluster.name)}:{MOUNT_PATH}:ro",
+                   *host_tools_run_options(), *_env_options(env)]
     if config.ray.auth == "token":
-        run_options.append(f"--env-file {AUTH_ENV_FILE}")
+        run_options += auth_run_options()
     auth: dict = {"ssh_user": SSH_USER}
     if config.ec2.access == "ssm":
         # `ray up` SSHes to the head's private IP; Session Manager needs the instance id, looked up by that IP.
@@ -281,7 +328,7 @@ def launcher_config(config: ClusterConfig, outputs: dict[str, str], *, app_dir: 
         "auth": auth,
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
-        "file_mounts": {MOUNT_PATH: str(app_dir)},
+        "file_mounts": {APP_STAGING_PATH: str(app_dir)},
         "cluster_synced_files": [],
         "file_mounts_sync_continuously": False,
         "rsync_exclude": ["**/__pycache__"],
@@ -351,7 +398,7 @@ def node_config_problems(launcher: dict, config: ClusterConfig, outputs: dict[st
 # ---- files and the command line --------------------------------------------------------------------
 
 def write_app_dir(config_file: Path, config: ClusterConfig, app_dir: Path) -> None:
-    """The code bundle the EKS ConfigMap carries, as files under `app_dir` (mounted at /app by `file_mounts`)."""
+    """The code bundle the EKS ConfigMap carries, as files under `app_dir` (at /app in every container)."""
     from charts import bundle
     from charts.ray import runtime_env_json
 

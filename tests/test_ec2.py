@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from charts.launcher import (
-    AUTH_ENV_FILE,
+    AUTH_TOKEN_DIR,
+    AUTH_TOKEN_FILE,
     HEAD_TYPE,
     LauncherError,
     launcher_config,
@@ -251,17 +252,21 @@ def test_idle_timeout_internal_ips_and_terminated_not_stopped(tmp_path):
 
 def test_token_auth_reaches_every_container_from_the_stacks_secret():
     launcher = rendered(load_config())
-    assert f"--env-file {AUTH_ENV_FILE}" in launcher["docker"]["run_options"]
+    options = launcher["docker"]["run_options"]
+    # Only the token file's path reaches the container's environment (docker inspect); the file is mounted read-only.
+    assert {"--env RAY_AUTH_MODE=token", f"--env RAY_AUTH_TOKEN_PATH={AUTH_TOKEN_FILE}",
+            f"-v {AUTH_TOKEN_FILE}:{AUTH_TOKEN_FILE}:ro"} <= set(options)
+    assert not [o for o in options if "env-file" in o or "RAY_AUTH_TOKEN=" in o]
     fetch = [c for c in launcher["initialization_commands"] if "secretsmanager get-secret-value" in c]
     assert len(fetch) == 1 and fixture_outputs()["AuthTokenSecretArn"] in fetch[0]
-    assert "RAY_AUTH_MODE=token" in fetch[0] and "umask 077" in fetch[0]
+    assert "umask 077" in fetch[0] and "sudo sh -c" in fetch[0]
     # A node type's initialization_commands replace the global ones: the worker's list repeats the fetch.
     assert fetch[0] in launcher["available_node_types"]["gpu"]["initialization_commands"]
 
 
 def test_auth_disabled_has_no_token_plumbing(tmp_path):
     launcher = rendered(ec2_variant(tmp_path, {"ray": {"auth": "disabled"}}))
-    assert not [o for o in launcher["docker"]["run_options"] if "env-file" in o]
+    assert not [o for o in launcher["docker"]["run_options"] if "env-file" in o or "RAY_AUTH" in o]
     assert not [c for c in launcher["initialization_commands"] if "secretsmanager" in c]
 
 
@@ -296,7 +301,9 @@ def test_render_command_writes_the_yaml_and_the_app_bundle(tmp_path):
     out = tmp_path / "ec2"
     assert main(["render", "--outputs", str(FIXTURE), "--out-dir", str(out)]) == 0
     launcher = yaml.safe_load((out / "cluster.yaml").read_text())
-    assert launcher["file_mounts"] == {"/app": str((out / "app").resolve())}
+    # Synced to each host by file_mounts, at /app through a run option (kept by the autoscaler's recovery).
+    assert launcher["file_mounts"] == {"/opt/ray-efa-app": str((out / "app").resolve())}
+    assert "-v /tmp/ray_tmp_mount/ray-efa//opt/ray-efa-app:/app:ro" in launcher["docker"]["run_options"]
     assert (out / "app" / "submit.sh").is_file() and (out / "app" / "config" / "cluster.yaml").is_file()
     assert (out / "app" / "workloads" / "fsdp_finetune" / "__main__.py").is_file()
 
@@ -674,11 +681,15 @@ def test_an_unreadable_token_secret_stops_the_node_setup_with_the_secret_named(t
     import subprocess
 
     launcher = rendered(load_config())
-    command = next(c for c in launcher["initialization_commands"] if "RAY_AUTH_TOKEN" in c)
-    env_file = tmp_path / "auth.env"
-    command = command.replace(AUTH_ENV_FILE, str(env_file))
+    command = next(c for c in launcher["initialization_commands"] if "secretsmanager" in c)
+    token_dir = tmp_path / "ray-auth"
+    env_file = token_dir / "token"
+    command = command.replace(AUTH_TOKEN_DIR, str(token_dir))
     bindir = tmp_path / "bin"
     bindir.mkdir()
+    # The SSH user writes the root-only file through sudo (the DLAMI's ec2-user has it without a password).
+    (bindir / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+    (bindir / "sudo").chmod(0o755)
     for name, body in (("fails", "echo 'AccessDeniedException' >&2; exit 254"), ("empty", "echo")):
         (bindir / "aws").write_text(f"#!/bin/sh\n{body}\n")
         (bindir / "aws").chmod(0o755)
@@ -693,8 +704,9 @@ def test_an_unreadable_token_secret_stops_the_node_setup_with_the_secret_named(t
     proc = subprocess.run(["bash", "-c", f"({command})"], env={"PATH": f"{bindir}:/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert env_file.read_text() == "RAY_AUTH_MODE=token\nRAY_AUTH_TOKEN=s3cret\n"
-    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert env_file.read_text() == "s3cret\n"
+    assert env_file.stat().st_mode & 0o777 == 0o600 and token_dir.stat().st_mode & 0o777 == 0o700
+    assert "s3cret" not in command  # the token reaches the file through a pipe, never a command line
 
 
 def test_the_cpu_head_boots_plain_al2023_and_the_workers_the_gpu_dlami():

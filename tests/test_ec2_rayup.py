@@ -4,7 +4,7 @@ and dockerd and the DLC stand-in image (tests/ec2_tier/, docs/ec2.md "The ray up
 
 Only the declared substitutions differ from the rendered YAML (the first test prints them). Never skipped: a
 machine that cannot make namespaces or start dockerd/sshd fails here (CI installs them: .ci/run).
-Run alone: `make ec2-test` (about N minutes warm on two cores; bench/ec2_tier.py measures it).
+Run alone: `make ec2-test` (9 min warm on two cores at a light load, 14 tests; bench/ec2_tier.py measures it).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import copy
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,27 @@ def test_ray_job_submit_runs_on_the_cluster(tier):
     assert "succeeded" in out.stdout
 
 
+def test_the_ray_token_is_in_no_docker_inspect_and_the_cluster_authenticates(tier):
+    from charts.launcher import AUTH_TOKEN_FILE
+
+    inspected = 0
+    for host in tier.lab.hosts:
+        for name in host.containers():
+            inspect = host.docker("inspect", name).stdout
+            assert tier.token not in inspect, f"{host.name}/{name}: the Ray token is in docker inspect"
+            assert f"RAY_AUTH_TOKEN_PATH={AUTH_TOKEN_FILE}" in inspect
+            inspected += 1
+            # The host's file as the container sees it: root-only, read-only.
+            mode = host.docker("exec", name, "stat", "-c", "%a %u", AUTH_TOKEN_FILE).stdout.split()
+            assert mode == ["600", "0"], mode
+            write = host.docker("exec", name, "sh", "-c", f": >> {AUTH_TOKEN_FILE}", check=False)
+            assert write.returncode != 0 and "Read-only" in write.stderr, write.stderr
+    assert inspected == 2  # the head's container and the worker's
+    # Still token auth: the Jobs API refuses a request without the token, takes one with the file's.
+    answer = _json_line(tier.ray("exec", str(tier.yaml), "python /opt/ec2-tier/probe.py auth").stdout)
+    assert answer["without"] in (401, 403) and answer["with"] == 200 and answer["token_in_env"] is False, answer
+
+
 def test_ray_down_removes_every_container(tier):
     start = time.monotonic()
     tier.ray("down", "-y", str(tier.yaml))
@@ -105,15 +127,16 @@ def test_ray_down_removes_every_container(tier):
 # ---- bad input and the start deadline: `python -m charts.launcher up` (charts/launcher_up.py) --------------
 # Each ends non-zero with one message naming what to fix, and leaves no instance (no container) running.
 
-def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None):
+def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None, config_file=None):
     import subprocess
     import sys
 
     from tests.helpers import write_variant
 
-    # The EC2 target runs no watchdog (a KubeRay add-on), so its head rule does not bound the short deadline.
-    config_file = write_variant(tier.work, {"job": {"start_deadline_minutes": deadline_minutes, "watchdog": False}},
-                                name=f"deadline-{deadline_minutes:g}.yaml")
+    if config_file is None:
+        # The EC2 target runs no watchdog (a KubeRay add-on), so its head rule does not bound the short deadline.
+        config_file = write_variant(tier.work, {"job": {"start_deadline_minutes": deadline_minutes, "watchdog": False}},
+                                    name=f"deadline-{deadline_minutes:g}.yaml")
     from tests.ec2_tier.tier import REPO
 
     env = tier.env()
@@ -196,3 +219,121 @@ def test_a_head_that_never_answers_ssh_ends_ray_up_at_the_start_deadline(tier):
     assert "did not finish within job.start_deadline_minutes (0.5 min)" in message
     print(f"stopped and cleaned up {took:.0f} s after the start (deadline 30 s)")
     _nothing_running(tier)
+
+
+# ---- a fine-tune across both containers, the worker's container killed, an exact resume (issue 34 point 3) ------
+# tests/fixtures/ec2-finetune.yaml: one CPU worker with two logical GPUs (two Ray Train workers on gloo in the
+# worker's container; the driver and Ray Train's controller in the head's), the demo's tiny model from S3, a
+# checkpoint every 20 of 160 steps to the tier's S3 server. Brought up with `python -m charts.launcher up` and
+# submitted with /app/submit.sh, as docs/ec2.md says. The worker's container is killed (`docker kill`, as an OOM
+# kill or a crashed daemon would end it; the instance lives on) once the first checkpoint is registered in S3; the
+# head's autoscaler restarts Ray there, Ray Train restarts the worker group and resumes from that checkpoint. The
+# run must then equal an unbroken one bit for bit: every step's loss and the exported weights
+# (tests/ec2_tier/reference.py, trained on this machine meanwhile).
+
+SUBMISSION_ID = "ec2-tier-1"
+FIRST_CHECKPOINT = "checkpoint_step_0000020"
+FINETUNE_TIMEOUT_S = 900
+# Production values for the cost (docs/failure-handling.md): the GPU nodes of config/cluster.yaml.
+PRODUCTION_GPU_NODES = 2
+
+
+@pytest.fixture(scope="module")
+def finetune(tier):
+    return tier.render_finetune()
+
+
+def test_the_fine_tune_yaml_differs_only_by_declared_substitutions(finetune):
+    print(substitutions.table_text(finetune.table))
+    assert substitutions.undeclared(finetune.rendered, finetune.data, finetune.table) == []
+    worker = finetune.data["available_node_types"]["cpu"]
+    assert worker["resources"]["logical_gpu"] == 2 and worker["resources"]["GPU"] == 0
+
+
+def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_killed(tier, finetune,
+                                                                                       tmp_path_factory):
+    import subprocess
+    import sys
+
+    from tests.driver_run import same_weights, weights
+    from tests.ec2_tier.finetune import RunInS3, Watch
+    from tests.ec2_tier.tier import FINETUNE_FILE, REPO
+    from tests.waiting import wait_for
+    from workloads.fsdp_finetune.launch import cluster_plan
+
+    config = finetune.config
+    plan = cluster_plan(config, bucket=config.storage.bucket_name)
+    run = RunInS3(tier.s3(), plan.run_dir, plan.export_uri)
+    head, worker = tier.lab.hosts
+    ref_dir = tmp_path_factory.mktemp("reference")
+    env = {k: v for k, v in tier.env().items() if k != "PYTHONPATH"}
+    with (ref_dir / "reference.log").open("wb") as log:
+        reference = subprocess.Popen([sys.executable, "-m", "tests.ec2_tier.reference", str(FINETUNE_FILE),
+                                      str(finetune.model_dir), str(ref_dir)], cwd=REPO, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+    yaml_path = str(finetune.path)
+    watch = Watch(run, worker)
+    follow = None
+    try:
+        start = time.monotonic()
+        proc, message = _launcher_up(tier, yaml_path=finetune.path, config_file=FINETUNE_FILE)
+        assert proc.returncode == 0, f"{message}\n{proc.stdout[-4000:]}"
+        print(f"python -m charts.launcher up (the fine-tune's head): {time.monotonic() - start:.0f} s")
+        watch.start = time.monotonic()
+        out = tier.ray("exec", yaml_path, f"bash /app/submit.sh --no-wait --submission-id {SUBMISSION_ID}")
+        assert "submitted successfully" in out.stdout + out.stderr, out.stdout[-3000:]
+        watch.mark(f"submitted with /app/submit.sh (ray job submit {SUBMISSION_ID})")
+        follow = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "exec", yaml_path,
+                                   f"ray job logs --address http://127.0.0.1:8265 --follow {SUBMISSION_ID}"],
+                                  cwd=tier.work, env=tier.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        watch.follow = follow
+        watch.begin()
+        # The kill is ordered by S3, not by a sleep: right after Ray's checkpoint manager registers the first one.
+        wait_for(lambda: run.latest_checkpoint(), FINETUNE_TIMEOUT_S, "the first checkpoint registered in S3",
+                 interval_s=0.3, detail=lambda: "\n" + watch.render("so far"))
+        latest = run.latest_checkpoint()
+        worker.docker("kill", "ray_container")
+        killed_at = watch.mark(f"{latest} registered in S3; docker kill ray_container on the worker host")
+        before = [r for r in run.metrics() if "loss" in r]
+        logs, _ = follow.communicate(timeout=FINETUNE_TIMEOUT_S)
+        watch.mark("the job's log stream ended")
+    finally:
+        watch.stop()
+        print("\n" + watch.render("fine-tune, worker container killed after the first checkpoint"))
+        if follow is not None and follow.poll() is None:
+            follow.kill()
+            follow.wait(timeout=30)
+    status = tier.ray("exec", yaml_path, f"ray job status --address http://127.0.0.1:8265 {SUBMISSION_ID}")
+    # `ray job status` prints "Job '<id>' succeeded" (ray 2.58.0 ray/dashboard/modules/job/cli.py, _log_job_status).
+    assert f"Job '{SUBMISSION_ID}' succeeded" in status.stdout, f"{status.stdout[-2000:]}\n{logs[-6000:]}"
+    assert latest == FIRST_CHECKPOINT, watch.render("")
+
+    # Resumed from the checkpoint registered before the kill, in the same job, to the last step.
+    rows = [r for r in run.metrics() if "loss" in r]
+    steps = [r["step"] for r in rows]
+    assert steps == list(range(1, config.job.max_steps + 1)), steps
+    assert {r.get("resumed_from_step") for r in rows if r["step"] > 20} == {20}, rows[18:24]
+
+    # Bit for bit the unbroken run: every step's loss (those trained before the kill too) and the exported weights.
+    assert reference.wait(timeout=FINETUNE_TIMEOUT_S) == 0, (ref_dir / "reference.log").read_text()[-4000:]
+    ref_rows = [json.loads(line) for line in (ref_dir / config.job.run_name / "metrics.jsonl").read_text().splitlines()
+                if line.strip()]
+    ref_loss = {r["step"]: r["loss"] for r in ref_rows if "loss" in r}
+    assert {r["step"]: r["loss"] for r in rows} == ref_loss
+    assert before and all(r["loss"] == ref_loss[r["step"]] for r in before), before
+    assert same_weights(run.exported_weights(), weights(ref_dir / config.job.run_name / "model"))
+
+    # Cost at production values: from the kill until the resumed run is back at the step the first attempt had
+    # reached (the new container, Ray Train's restart, the steps trained again), on every GPU node.
+    reached = max(r["step"] for r in before)
+    back = next(t for t, step, resumed in watch.steps if t > killed_at and resumed and step >= reached)
+    minutes = (back - killed_at) / 60 * PRODUCTION_GPU_NODES
+    print(f"worker killed at {killed_at:.1f} s with step {reached} in S3; back at step {reached} at {back:.1f} s: "
+          f"{back - killed_at:.1f} s lost = {minutes:.2f} GPU-node minutes at {PRODUCTION_GPU_NODES} GPU nodes")
+
+    start = time.monotonic()
+    tier.ray("down", "-y", yaml_path)
+    print(f"ray down (the fine-tune's cluster): {time.monotonic() - start:.0f} s")
+    assert tier.cloud.running() == {}
+    assert [h.containers() for h in tier.lab.hosts] == [[], []]

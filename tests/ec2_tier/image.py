@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.ray_head import SLOW_START_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 # EC2_TIER_CACHE: another cache directory (bench/ec2_tier.py measures a cold run with an empty one).
 CACHE = Path(os.environ.get("EC2_TIER_CACHE") or REPO / ".cache" / "ec2-tier")
@@ -75,9 +77,10 @@ def _changes() -> tuple[str, ...]:
     path = f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     # Not the DLC's: Ray's dashboard gives each module 30 s to start (ray 2.58.0 dashboard/consts.py
     # SUBPROCESS_MODULE_WAIT_READY_TIMEOUT), which a cold import on two loaded shared cores overran (`ray start
-    # --head` failed: "Module MetricsHead failed to start"); tests/ray_head.py raises it the same way.
+    # --head` failed: "Module MetricsHead failed to start"); tests/ray_head.py raises it (and `ray start`'s own wait
+    # for the dashboard, which must outwait it) the same way.
     return (f"ENV PATH={path}", "ENV LANG=C.UTF-8", "ENV LC_ALL=C.UTF-8", "ENV PYTHONUNBUFFERED=1",
-            "ENV RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT=180",
+            *(f"ENV {name}={value}" for name, value in SLOW_START_ENV.items() if name.startswith("RAY_DASHBOARD")),
             f"WORKDIR {WORKDIR}", f'ENTRYPOINT ["{ENTRYPOINT}"]', 'CMD ["bash"]')
 
 

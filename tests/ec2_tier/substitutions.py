@@ -71,6 +71,10 @@ class Context:
     python_base: Path
     module_dir: Path
     """This checkout's tests/ec2_tier (bind-mounted at MODULE_DIR so the head's autoscaler imports the provider)."""
+    s3_env: dict[str, str] | None = None
+    """The fine-tune's S3: the tier's S3 server on the bridge and its keys (instance profile and AWS S3 on EC2)."""
+    data_dir: Path | None = None
+    """The fine-tune's local data folder (the file's job.dataset), bind-mounted read-only at its own path."""
 
 
 def _replace_item(items: list, old, new, path: str, why: str, table: list[Change]) -> None:
@@ -115,6 +119,18 @@ def apply(rendered: dict, ctx: Context) -> tuple[dict, list[Change]]:
         table.append(Change("docker.run_options", None, f"-v {path}:{path}:ro", why_env))
     docker["run_options"].append(f"-v {ctx.module_dir}:{MODULE_DIR}:ro")
     table.append(Change("docker.run_options", None, f"-v {ctx.module_dir}:{MODULE_DIR}:ro", why_env))
+    if ctx.data_dir is not None:
+        option = f"-v {ctx.data_dir}:{ctx.data_dir}:ro"
+        docker["run_options"].append(option)
+        table.append(Change("docker.run_options", None, option,
+                            "the demo's data file the variable file names, on each host: `datasets` reads s3:// only "
+                            "through s3fs, which the project's environment does not carry (as make cluster-real)"))
+    for key, value in (ctx.s3_env or {}).items():
+        option = f"--env {key}={value}"
+        docker["run_options"].append(option)
+        table.append(Change("docker.run_options", None, option,
+                            "S3 is the tier's server on the bridge, with its keys; on EC2 the instance profile "
+                            "gives the credentials (IMDS) and S3 is AWS's"))
     if "--ulimit memlock=-1" in docker["run_options"] and not memlock_unlimited_allowed():
         _replace_item(docker["run_options"], "--ulimit memlock=-1", None, "docker.run_options",
                       "this machine's hard memlock limit is finite and runc may not raise it (EPERM); on the DLAMI "

@@ -9,6 +9,7 @@ tier's secret and bucket), then the declared substitutions (substitutions.py). `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -29,6 +30,10 @@ from tests.ec2_tier.hosts import GATEWAY, Lab
 REPO = image_mod.REPO
 MODULE_DIR = Path(__file__).resolve().parent
 FIXTURE_OUTPUTS = REPO / "config" / "examples" / "ec2" / "outputs.json"
+FINETUNE_FILE = REPO / "tests" / "fixtures" / "ec2-finetune.yaml"
+ASSETS_DIR = Path("/var/tmp/ec2-tier-assets")
+"""The demo's tiny model and data for the fine-tune (the file's job.dataset is ASSETS_DIR/data/train.jsonl): not
+under /tmp, which each host replaces with its own."""
 REGION = "us-east-2"  # config/cluster.yaml's region (the rendered commands name it)
 RAY_TIMEOUT_S = 600
 
@@ -92,6 +97,16 @@ print(value)
 '''
 
 
+@dataclasses.dataclass(frozen=True)
+class FineTuneYaml:
+    config: object
+    path: Path
+    rendered: dict
+    data: dict
+    table: list
+    model_dir: Path
+
+
 class Tier:
     def __init__(self, work: Path, *, log=print):
         self.work = Path(work)
@@ -143,7 +158,7 @@ class Tier:
         self._timed("render", t)
 
     def _bridge_up(self) -> None:
-        """Once the bridge has its address: the forwarder to moto, the cloud, the `aws` shim."""
+        """Once the bridge has its address: the forwarder to moto, the cloud, the `aws` and `sudo` shims."""
         self.forwarder = Forwarder(int(self.moto.endpoint_url.rsplit(":", 1)[1]))
         self.stack.callback(self.forwarder.close)
         self.moto_bridge_url = f"http://{GATEWAY}:{self.forwarder.port}"
@@ -154,34 +169,73 @@ class Tier:
                                          key=self.moto.admin.access_key_id,
                                          secret=self.moto.admin.secret_access_key))
         shim.chmod(0o700)
+        # The DLAMI's ec2-user has password-less sudo (the rendered commands write the root-only token file with it);
+        # the tier's ec2-user is uid 0 and this machine has no sudo.
+        sudo = self.shim_dir / "sudo"
+        sudo.write_text("#!/bin/sh\n# sudo on the tier's hosts: ec2-user is root here (tests/ec2_tier/hosts.py)\n"
+                        'exec "$@"\n')
+        sudo.chmod(0o755)
 
-    def outputs(self) -> dict:
+    def outputs(self, bucket: str | None = None) -> dict:
+        """The bundled example's stack outputs, naming the tier's secret and bucket."""
+        bucket = bucket or self.bucket
         outputs = json.loads(FIXTURE_OUTPUTS.read_text())
         flat = {o["OutputKey"]: o for s in outputs.get("Stacks", []) for o in s.get("Outputs", [])}
         if flat:
             flat["AuthTokenSecretArn"]["OutputValue"] = self.secret_arn
-            flat["BucketName"]["OutputValue"] = self.bucket
+            flat["BucketName"]["OutputValue"] = bucket
             return outputs
         for stack in outputs.values():
             if "AuthTokenSecretArn" in stack:
                 stack["AuthTokenSecretArn"] = self.secret_arn
             if "BucketName" in stack:
-                stack["BucketName"] = self.bucket
+                stack["BucketName"] = bucket
         return outputs
 
-    def _render(self) -> tuple[dict, dict, list]:
-        out_json = self.work / "outputs.json"
-        out_json.write_text(json.dumps(self.outputs()))
-        out_dir = self.work / "ec2"
-        subprocess.run([sys.executable, "-m", "charts.launcher", "render", str(REPO / "config" / "cluster.yaml"),
+    def _render(self, config_file: Path = REPO / "config" / "cluster.yaml", *, bucket: str | None = None,
+                name: str = "ec2", **extra) -> tuple[dict, dict, list]:
+        """`python -m charts.launcher render` of `config_file`, then the declared substitutions (`extra`: the
+        fine-tune's S3 and data, substitutions.Context)."""
+        out_json = self.work / f"{name}-outputs.json"
+        out_json.write_text(json.dumps(self.outputs(bucket)))
+        out_dir = self.work / name
+        subprocess.run([sys.executable, "-m", "charts.launcher", "render", str(config_file),
                         "--outputs", str(out_json), "--out-dir", str(out_dir)], cwd=REPO, check=True,
                        capture_output=True, text=True, timeout=300)
         rendered = yaml.safe_load((out_dir / "cluster.yaml").read_text())
         venv, base = image_mod.python_env()
         ctx = substitutions.Context(cloud_url=self.cloud.url, key_path=self.lab.key, image_tag=self.image.tag,
-                                    venv=venv, python_base=base, module_dir=MODULE_DIR)
+                                    venv=venv, python_base=base, module_dir=MODULE_DIR, **extra)
         tier, table = substitutions.apply(rendered, ctx)
         return rendered, tier, table
+
+    def render_finetune(self) -> FineTuneYaml:
+        """The fine-tune file (FINETUNE_FILE) rendered and substituted, its bucket made on moto with the demo's tiny
+        model in it (where the file's job.model names it), its data under ASSETS_DIR."""
+        from config import load_config
+        from workloads.fsdp_finetune.local_assets import prepare_local_assets
+
+        config = load_config(FINETUNE_FILE)
+        bucket = config.storage.bucket_name
+        s3 = self.s3()
+        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+        assets = prepare_local_assets(ASSETS_DIR)
+        if Path(config.job.dataset) != Path(assets.dataset_path):
+            raise AssertionError(f"{FINETUNE_FILE}: job.dataset must be {assets.dataset_path}")
+        model_prefix = config.job.model.removeprefix(f"s3://{bucket}/")
+        for path in sorted(Path(assets.model_dir).rglob("*")):
+            if path.is_file():
+                s3.upload_file(str(path), bucket, f"{model_prefix}/{path.relative_to(assets.model_dir)}")
+        s3_env = {"AWS_ENDPOINT_URL_S3": self.moto_bridge_url, "AWS_ACCESS_KEY_ID": self.moto.admin.access_key_id,
+                  "AWS_SECRET_ACCESS_KEY": self.moto.admin.secret_access_key}
+        rendered, data, table = self._render(FINETUNE_FILE, bucket=bucket, name="ec2-finetune", s3_env=s3_env,
+                                             data_dir=ASSETS_DIR)
+        path = self.work / "finetune-cluster.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
+        return FineTuneYaml(config, path, rendered, data, table, Path(assets.model_dir))
+
+    def s3(self):
+        return _client(self.moto, "s3")
 
     # ---- Ray's CLI -----------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
