@@ -209,16 +209,24 @@ def follow_script() -> str:
         # KubeRay deletes the submitter Job at every retry (rayjob_controller.go, case Retrying), and with it this
         # pod's log: a tee of stdout and stderr (each still to its own stream) goes to a file copied at exit, on
         # any exit (the EXIT trap; TERM and INT exit through it too, the pod deleted or its deadline reached).
+        # The tees are background jobs reading FIFOs, not process substitutions: the copy must wait until they
+        # have written everything, and bash's `wait` cannot wait for a process substitution other than the last.
+        # In a pod a tee lags: it writes the container's stdout first, and the job's whole log arrives at once
+        # when `ray job logs` ends (seen on the real-node tier: the copy lacked the last lines, the job's end).
         'LOG="$(mktemp "${TMPDIR:-/tmp}/submitter.XXXXXX")"',
+        'PIPES="$(mktemp -d "${TMPDIR:-/tmp}/submitter-pipes.XXXXXX")"',
+        'mkfifo "$PIPES/out" "$PIPES/err"',
+        'tee -a "$LOG" < "$PIPES/out" & OUT_TEE=$!',
+        'tee -a "$LOG" < "$PIPES/err" >&2 & ERR_TEE=$!',
         "exec 3>&1 4>&2",
-        'exec > >(tee -a "$LOG"); OUT_TEE=$!',
-        'exec 2> >(tee -a "$LOG" >&4); ERR_TEE=$!',
+        'exec > "$PIPES/out" 2> "$PIPES/err"',
         "FOLLOWER=",
         "keep_log() {",
         "  rc=$?",
-        '  [ -n "$FOLLOWER" ] && kill "$FOLLOWER" 2>/dev/null',
+        '  [ -n "$FOLLOWER" ] && kill "$FOLLOWER" 2>/dev/null && wait "$FOLLOWER" 2>/dev/null',
         '  exec 1>&3 2>&4',
         '  wait "$OUT_TEE" "$ERR_TEE" 2>/dev/null',
+        '  rm -rf "$PIPES"',
         f'  python -m workloads.fsdp_finetune.job_logs "$HERE/{CONFIG_IN_POD.removeprefix(MOUNT_PATH + "/")}" '
         '--submitter-log "$LOG" --name "submitter-${ID}-${HOSTNAME:-$(hostname)}.log"',
         '  exit "$rc"',

@@ -43,9 +43,10 @@ TABLE = (
     Substitution("*.containers[*].resources.requests.memory", "the pod's memory (config.resources)", "256Mi",
                  "the same node holds every pod; the limits stay"),
     Substitution("*.containers[*].env[+]", "-",
-                 "AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (head and workers)",
+                 "AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (every pod)",
                  "the checkpoint bucket is the test's S3 server on the node's bridge address; on EKS Pod Identity "
-                 "gives the credentials and S3 is AWS's"),
+                 "gives the credentials, to the submitter too (one service account: its follow.sh copies its log "
+                 "into the run folder), and S3 is AWS's"),
 )
 
 
@@ -73,8 +74,7 @@ def substitute(rayjob: dict, *, image: str, host_paths: list[Path], s3_env: dict
             mounts = container.setdefault("volumeMounts", [])
             for name, path in zip(names, host_paths, strict=True):
                 mounts.append({"name": name, "mountPath": str(path), "readOnly": True})
-            if container["name"] != "ray-job-submitter":
-                container.setdefault("env", []).extend({"name": k, "value": v} for k, v in s3_env.items())
+            container.setdefault("env", []).extend({"name": k, "value": v} for k, v in s3_env.items())
     return out
 
 

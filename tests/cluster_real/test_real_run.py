@@ -166,14 +166,21 @@ def _kept_submitter_logs(cluster, name: str, job_id: str) -> dict[str, str]:
     prefix = f"{config.storage.checkpoint_prefix}{config.job.run_name}/logs/"
     client = cluster["s3"].client()
 
+    seen: dict[str, str] = {}
+
     def kept():
         keys = cluster["s3"].keys(config.storage.bucket_name, prefix)
-        texts = {k[len(prefix):]: client.get_object(Bucket=config.storage.bucket_name, Key=k)["Body"].read().decode()
-                 for k in keys}
-        return texts if texts and all(f"follow.sh: job {job_id} ended: " in t for t in texts.values()) else None
+        seen.clear()
+        seen.update({k[len(prefix):]: client.get_object(Bucket=config.storage.bucket_name, Key=k)["Body"].read()
+                     .decode() for k in keys if k[len(prefix):].startswith("submitter-")})  # not driver/rank logs
+        return dict(seen) if seen and all(f"follow.sh: job {job_id} ended: " in t for t in seen.values()) else None
+
+    def detail() -> str:
+        found = "".join(f"\n--- {key} (tail):\n{text[-1500:]}" for key, text in seen.items()) or " none"
+        return f"\nkept:{found}\nsubmitter pod log (tail):\n{_submitter_log(cluster, name)[-1500:]}"
 
     return wait_for(kept, 90, f"the submitter log of {name} in s3://{config.storage.bucket_name}/{prefix}",
-                    interval_s=1)
+                    interval_s=1, detail=detail)
 
 
 def _ended(cluster, name: str, status: dict) -> None:
