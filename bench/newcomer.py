@@ -11,6 +11,11 @@ minutes of CPU and network. Run it by hand, on an otherwise idle machine for fig
 
     python3 bench/newcomer.py                      # clone HEAD into /tmp/newcomer-*/repo, run, remove
     python3 bench/newcomer.py --mirror ../shared   # with the team's mirror (PINS_MIRROR) instead of GitHub
+    python3 bench/newcomer.py --mirror ../shared --cold   # and empty package caches, as on a new machine
+
+--cold points uv's, pip's, npm's and Hugging Face's caches at empty folders inside the run's temporary folder, so
+every package is fetched from the registries as on a machine that never installed the project; the folder is
+removed at the end. Without it the caches of this machine (warm after earlier set-ups) serve the install.
 
 Without --mirror the clone has no ../shared, so `make setup` downloads the pinned charts and CRDs from GitHub
 (tools/pins.py), as a user's clone does. Output: one block per command as it runs (its own output indented), then a
@@ -79,11 +84,22 @@ def run_timed(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, float,
     return code, end - start, longest, where
 
 
+def cold_caches(root: Path) -> dict[str, str]:
+    """Environment that points every package cache a set-up reads at an empty folder under `root`."""
+    folders = {"UV_CACHE_DIR": "uv", "PIP_CACHE_DIR": "pip", "npm_config_cache": "npm", "HF_HOME": "huggingface"}
+    env = {}
+    for variable, name in folders.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        env[variable] = str(root / name)
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirror", type=Path, help="PINS_MIRROR for the clone (a folder laid out like ../shared)")
     parser.add_argument("--skip", action="append", default=list(SKIPPED), help="a README command not to run")
     parser.add_argument("--keep", action="store_true", help="keep the clone")
+    parser.add_argument("--cold", action="store_true", help="empty uv, pip, npm and Hugging Face caches")
     parser.add_argument("--limit", type=float, default=LIMIT_S, help="longest allowed stretch without output, s")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="newcomer-", dir="/tmp"))
@@ -91,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "CLUSTER_CONFIG", "PINS_"))}
     if args.mirror:
         env["PINS_MIRROR"] = str(args.mirror.resolve())
+    if args.cold:
+        env.update(cold_caches(work / "caches"))
     rows = []
     try:
         steps = [f"git clone -q {REPO} {clone}"] + [c for c in readme_commands(REPO / "README.md")
@@ -110,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    caches = "empty (--cold)" if args.cold else "this machine's"
+    print(f"\npackage caches: {caches}")
     print(f"\n{'command':<40} {'exit':>4} {'wall s':>8} {'silent s':>9}")
     for command, code, wall, silent in rows:
         flag = "  > limit" if silent > args.limit else ""

@@ -20,3 +20,10 @@ def test_the_longest_silence_is_measured(tmp_path, capsys):
     assert code == 0 and wall >= 1.7
     assert 1.4 <= silent < wall and where == "a"
     assert "    a" in capsys.readouterr().out
+
+
+def test_cold_points_every_cache_at_an_empty_folder(tmp_path):
+    env = newcomer.cold_caches(tmp_path / "caches")
+    assert set(env) == {"UV_CACHE_DIR", "PIP_CACHE_DIR", "npm_config_cache", "HF_HOME"}
+    for folder in env.values():
+        assert folder.startswith(str(tmp_path)) and os.path.isdir(folder) and not os.listdir(folder)
