@@ -94,7 +94,7 @@ synth-cdk: setup ## CloudFormation templates into cdk.out/
 
 # The EC2 target (docs/ec2.md): the bundled EC2 example (config/examples/ec2/cluster.yaml, `target: ec2`; CONFIG=FILE
 # for another), its stacks, and the `ray up` YAML rendered from an example of the stacks' outputs
-# (config/examples/ec2/outputs.json; after a real deploy: python -m charts.launcher render --deployed).
+# (config/examples/ec2/outputs.json; after a real deploy: python -m ops.launcher render --deployed).
 EC2_DIR ?= out/ec2
 EC2_CONFIG := $(or $(CLUSTER_CONFIG),$(abspath config/examples/ec2/cluster.yaml))
 # A file the EC2 target refuses (an EKS capacity block, say) skips this step with the reason: `python -m config
@@ -103,7 +103,7 @@ synth-ec2: setup ## the EC2 target's stacks and its ray up YAML into out/ec2/ (c
 	@if ! why=$$(CLUSTER_CONFIG=$(EC2_CONFIG) $(PY) -m config suits ec2 2>&1); then \
 	  echo "synth-ec2: skipped, the EC2 target refuses this file: $$why"; \
 	else CLUSTER_CONFIG=$(EC2_CONFIG) npx cdk synth --quiet -c target=ec2 -o $(EC2_DIR)/cdk.out && \
-	  $(PY) -m charts.launcher render $(EC2_CONFIG) --outputs config/examples/ec2/outputs.json --out-dir $(EC2_DIR); fi
+	  $(PY) -m ops.launcher render $(EC2_CONFIG) --outputs config/examples/ec2/outputs.json --out-dir $(EC2_DIR); fi
 
 # CDK8S_CHECK_UPGRADE is set on this line only: the CDK CLI reads every CDK* variable as an option.
 synth-k8s: setup ## the RayCluster and RayJob manifests into dist/
@@ -152,7 +152,7 @@ bench: setup ## the CPU benchmarks under bench/ (prints figures; the GPU one, ne
 	  *) $(PY) $$b || exit 1;; esac; done
 
 # checkov on what the project authors: the manifests plus the Ray pods inside the RayCluster and RayJob
-# (charts/scan.py), and the CloudFormation templates. Its own venv: checkov's dependencies are not ours.
+# (ops/scan.py), and the CloudFormation templates. Its own venv: checkov's dependencies are not ours.
 # Accepted findings are acknowledged inline (checkov.io/skipN annotations, Metadata.checkov.skip).
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
@@ -160,7 +160,7 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 	touch $@
 
 checkov: synth $(CHECKOV_VENV)/.installed ## checkov on the manifests, the Ray pods and the templates
-	$(PY) -m charts.scan dist out/checkov
+	$(PY) -m ops.scan dist out/checkov
 	$(CHECKOV) --framework kubernetes -d out/checkov
 	$(CHECKOV) --framework cloudformation -d cdk.out
 	$(CHECKOV) --framework cloudformation -d $(EC2_DIR)/cdk.out

@@ -48,7 +48,7 @@ def _run(cache: Path) -> dict:
         ("worker_on_demand_s", r"ran on the worker the autoscaler started: ([\d.]+) s"),
         ("ray_down_s", r"ray down: ([\d.]+) s"),
         ("deadline_stop_s", r"stopped and cleaned up ([\d.]+) s"),
-        ("finetune_up_s", r"python -m charts.launcher up \(the fine-tune's head\): ([\d.]+) s"),
+        ("finetune_up_s", r"python -m ops.launcher up \(the fine-tune's head\): ([\d.]+) s"),
         ("finetune_lost_s", r"([\d.]+) s lost = "),
         ("finetune_gpu_node_minutes", r"lost = ([\d.]+) GPU-node minutes"),
         ("finetune_down_s", r"ray down \(the fine-tune's cluster\): ([\d.]+) s"))

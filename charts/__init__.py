@@ -1,6 +1,10 @@
 """cdk8s charts: the Ray namespace, service account, code ConfigMap, RayCluster and RayJob,
 all derived from the variable file (`python -m charts` is the cdk8s app; see cdk8s.yaml).
 
+Only cdk8s charts, the constructs and builders they are made of, and what they put into manifests (dashboards,
+annotations, the code bundle, the KubeRay CRDs they validate against) live here; commands that use them are in
+`ops/`. May import `config`, `tools` (pins) and `workloads` (what the pods run); never `stacks` or anything above.
+
 The chart classes load lazily (PEP 562): importing cdk8s starts jsii's Node process (about 2 s), which
 `python -m charts.crds` in `make setup` does not need.
 """

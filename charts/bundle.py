@@ -129,7 +129,7 @@ def submit_script(runtime_env_json: str, *, token_secret: str | None, namespace:
         message = (f"submit.sh: RAY_AUTH_TOKEN is not set (ray.auth: token); KubeRay sets it in the head pod. "
                    f"Elsewhere: export RAY_AUTH_TOKEN=\"$({read})\"")
         lines += [
-            # On EC2 the containers get the token as a file (RAY_AUTH_TOKEN_PATH, charts.launcher), never in the env.
+            # On EC2 the containers get the token as a file (RAY_AUTH_TOKEN_PATH, ops.launcher), never in the env.
             'if [ -z "${RAY_AUTH_TOKEN:-}" ] && ! [ -s "${RAY_AUTH_TOKEN_PATH:-}" ]; then',
             f"  echo {shlex.quote(message)} >&2",
             "  exit 2",

@@ -1,4 +1,7 @@
-"""The variable file: its typed model, the instance catalog and the one loader."""
+"""The variable file: its typed model, the instance catalog and the one loader.
+
+The bottom floor: every other folder may import it; it imports (and reads the files of) none of them.
+"""
 
 from config.catalog import InstanceType, load_catalog
 from config.loader import DEFAULT_FILE, ConfigError, load_config, load_or_exit, resolve_path

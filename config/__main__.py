@@ -97,7 +97,7 @@ def day_two_lines(config: ClusterConfig) -> list[str]:
                      "a min_nodes above the group's current size, and the deploy rolls back unchanged)")
     lines.append("a worker group's instance_type, disk_gib or cluster.node_ami_release_version replaces every node of "
                  "the group one at a time: a running job ends, so deploy such a change between jobs "
-                 "(python -m stacks.check --against OLD lists what a deploy rolls)")
+                 "(python -m ops.check --against OLD lists what a deploy rolls)")
     return lines
 
 

@@ -1,7 +1,7 @@
 """The EC2 target: the same variable file driving a Ray cluster-launcher cluster (`ray up`) without Kubernetes.
 
 `target: ec2` in the file (or `cdk synth -c target=ec2`) swaps the EKS cluster stack for a small EC2
-stack (placement group, security group, instance profiles, token secret) and `python -m charts.launcher
+stack (placement group, security group, instance profiles, token secret) and `python -m ops.launcher
 render` writes the launcher YAML from that stack's outputs. The `ec2:` section holds what only this
 target needs; everything else (worker groups, transport, image, bucket, job) is read from the same
 fields the EKS path reads. Rules here are added to `ClusterConfig.cross_field_problems`.
@@ -42,7 +42,7 @@ _SHM_FRACTION = 0.25
 _SHM_CAP_GIB = 64
 _OBJECT_STORE_SHM_FRACTION = 0.75
 # The EC2 stack's CloudFormation outputs the launcher YAML is rendered from (stacks/ec2.py emits them,
-# charts/launcher.py reads them), and the one it takes from the network stack (stacks/network.py).
+# ops/launcher.py reads them), and the one it takes from the network stack (stacks/network.py).
 STACK_OUTPUTS = ("HeadInstanceProfileArn", "WorkerInstanceProfileArn", "WorkerRoleArn", "SecurityGroupId",
                  "AvailabilityZone", "PlacementGroupName", "ImageId", "HeadImageId", "AuthTokenSecretArn", "BucketName",
                  "CheckpointUri")

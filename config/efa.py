@@ -1,5 +1,5 @@
 """EFA network-interface layout per instance: pure data, shared by the EKS launch template
-(stacks/efa_nodegroup.py) and the EC2 cluster-launcher YAML (charts/launcher.py)."""
+(stacks/efa_nodegroup.py) and the EC2 cluster-launcher YAML (ops/launcher.py)."""
 
 from __future__ import annotations
 

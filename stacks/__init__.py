@@ -1,7 +1,10 @@
 """AWS CDK stacks: network, EKS cluster with EFA GPU node groups, checkpoint storage.
 
+Only CDK constructs and stacks live here (`app.py` is the CDK app); commands and analyses built on them are in
+`ops/`. May import `config` and `tools` (pinned chart versions); never `charts`, `workloads` or anything above.
+
 The stack classes load lazily (PEP 562): importing aws_cdk starts jsii's Node process, which
-`python -m stacks.check --help` does not need.
+`python -m ops.check --help` does not need.
 """
 
 from __future__ import annotations

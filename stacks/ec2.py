@@ -4,7 +4,7 @@ A cluster placement group in the GPU AZ, one security group open to itself (EFA'
 ports), the head's and the workers' instance profiles with least privilege, the Ray token in Secrets
 Manager, and the current AL2023 GPU DLAMI resolved from its public SSM parameter. The VPC comes from
 the network stack and the bucket from the storage stack (deployed without the EKS cluster). The
-launcher YAML is rendered from this stack's outputs by `python -m charts.launcher render`.
+launcher YAML is rendered from this stack's outputs by `python -m ops.launcher render`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from config import DEFAULT_FILE, ClusterConfig, load_config
-from stacks.context import CDK_JSON
+from ops.context import CDK_JSON
 
 if TYPE_CHECKING:
     import aws_cdk as cdk
@@ -53,8 +53,8 @@ def load_variant(directory: Path, overrides: dict | None = None, **kwargs) -> Cl
 
 def cdk_app(*, cdk_json: Path = CDK_JSON, context: dict[str, Any] | None = None, **kwargs) -> cdk.App:
     """A CDK `App` that sees what `cdk synth` would give `app.py`: cdk.json's context, then `context` on top (as
-    `-c key=value` overrides cdk.json), through the project's own `stacks.context.new_app`. Every in-process
+    `-c key=value` overrides cdk.json), through the project's own `ops.context.new_app`. Every in-process
     synthesis in the tests goes through here, so a flag changed in cdk.json changes what they test."""
-    from stacks.context import new_app
+    from ops.context import new_app
 
     return new_app(cdk_json=cdk_json, context=context, **kwargs)

@@ -80,7 +80,7 @@ def lab_script() -> Path | None:
 
 
 def chart_folder() -> Path:
-    from charts.vendored import chart_dir
+    from tests.vendored import chart_dir
 
     return chart_dir(KUBERAY_CHART)
 

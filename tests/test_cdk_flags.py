@@ -20,7 +20,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from stacks.context import CDK_JSON, cdk_json_context
+from ops.context import CDK_JSON, cdk_json_context
 from tests.helpers import REPO, cdk_app
 from tests.stack_synth import VARIANTS, synth
 
@@ -120,9 +120,9 @@ def test_in_process_templates_equal_what_cdk_synth_writes(tmp_path):
 
 
 def test_stacks_check_synthesizes_with_cdk_json_too(tmp_path):
-    """`python -m stacks.check` compares against a cdk.out that `cdk synth` wrote: its own synthesis must carry the
+    """`python -m ops.check` compares against a cdk.out that `cdk synth` wrote: its own synthesis must carry the
     same flags, or every flag's resources would show as deleted."""
-    from stacks.replacements import synthesize
+    from ops.replacements import synthesize
 
     result = synth("default")
     mine = synthesize(result.config, tmp_path / "out")
@@ -139,11 +139,11 @@ def test_context_given_to_the_helper_wins_over_cdk_json():
 
 
 def test_nothing_builds_an_app_without_cdk_json():
-    """Every in-process `App` (the tests', `python -m stacks.check`'s) comes from `stacks.context.new_app`, through
+    """Every in-process `App` (the tests', `python -m ops.check`'s) comes from `ops.context.new_app`, through
     tests/helpers.py's `cdk_app` in the tests; only app.py, which the CLI runs with the context, builds its own."""
     offenders = []
-    for path in [*REPO.glob("tests/*.py"), *REPO.glob("stacks/*.py")]:
-        if path.relative_to(REPO).as_posix() == "stacks/context.py":
+    for path in [*REPO.glob("tests/*.py"), *REPO.glob("stacks/*.py"), *REPO.glob("ops/*.py")]:
+        if path.relative_to(REPO).as_posix() == "ops/context.py":
             continue
         offenders += [f"{path.relative_to(REPO)}:{n}" for n, line in enumerate(path.read_text().splitlines(), 1)
                       if re.search(r"\bApp\(", line) and not re.search(r"\b(cdk|new)_app\(", line)]

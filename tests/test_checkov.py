@@ -60,15 +60,15 @@ def test_every_acknowledgment_says_why(report):
         assert len(reason) > 40, (check["check_id"], check["resource"], reason)
 
 
-# ---- the Kubernetes side of `make checkov`: dist/ with the Ray pods as Pods (charts/scan.py) ----------------------
+# ---- the Kubernetes side of `make checkov`: dist/ with the Ray pods as Pods (ops/scan.py) ----------------------
 
 @pytest.fixture(scope="module")
 def k8s_report(tmp_path_factory) -> dict:
     if not CHECKOV.exists():
         pytest.skip(f"{CHECKOV} missing: `make test` builds it (make .venv-checkov/.installed)")
     from charts import build_app, inputs
-    from charts.scan import main as scan
     from config import DEFAULT_FILE, load_config
+    from ops.scan import main as scan
 
     root = tmp_path_factory.mktemp("checkov-k8s")
     build_app(inputs(load_config(DEFAULT_FILE), DEFAULT_FILE), outdir=str(root / "dist")).synth()

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.
 # Every `python -m X` entry point of the project, found on disk so a new one is covered without editing this.
 COMMANDS = sorted(
     ".".join(p.relative_to(REPO).with_suffix("").parts[:-1])
-    for top in ("config", "charts", "workloads", "stacks") for p in (REPO / top).rglob("__main__.py"))
+    for top in ("config", "charts", "workloads", "stacks", "ops") for p in (REPO / top).rglob("__main__.py"))
 COMMANDS += sorted(
     ".".join(p.relative_to(REPO).with_suffix("").parts)
-    for top in ("charts", "workloads", "stacks") for p in (REPO / top).rglob("*.py")
+    for top in ("charts", "workloads", "stacks", "ops") for p in (REPO / top).rglob("*.py")
     if p.name != "__main__.py" and 'if __name__ == "__main__":' in p.read_text())
 # Commands that read the variable file, with the arguments that reach the loading of it.
 FILE_COMMANDS = {
@@ -33,9 +33,9 @@ FILE_COMMANDS = {
     "workloads.preflight": ["--local"],
     "workloads.verify": [],
     "workloads.verify_ec2": [],
-    "charts.launcher": ["render", "--outputs", str(REPO / "config" / "examples" / "ec2" / "outputs.json")],
+    "ops.launcher": ["render", "--outputs", str(REPO / "config" / "examples" / "ec2" / "outputs.json")],
     "workloads.fsdp_finetune": [],
-    "stacks.check": ["--against", "config/cluster.yaml"],
+    "ops.check": ["--against", "config/cluster.yaml"],
 }
 
 
@@ -48,7 +48,7 @@ def _run(module: str, *args: str, cwd: Path, env: dict | None = None) -> subproc
 
 def test_every_command_is_listed():
     assert set(FILE_COMMANDS) <= set(COMMANDS)
-    assert {"charts.crds", "charts.scan", "workloads.verify"} <= set(COMMANDS)
+    assert {"charts.crds", "ops.scan", "workloads.verify"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("module", COMMANDS)

@@ -25,4 +25,4 @@ def test_no_page_reads_the_submitter_log_from_the_head_pod(page):
 def test_the_follow_and_stop_commands_are_given(page):
     text = page.read_text()
     assert re.search(r"kubectl logs -n ray -f job/ray-efa-job", text)
-    assert "python -m charts.stop" in text
+    assert "python -m ops.stop" in text

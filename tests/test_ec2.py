@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from charts.launcher import (
+from config import ConfigError, load_config
+from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
+from config.efa import efa_interface_layout
+from config.target import with_target
+from ops.launcher import (
     AUTH_TOKEN_DIR,
     AUTH_TOKEN_FILE,
     HEAD_TYPE,
@@ -25,10 +29,6 @@ from charts.launcher import (
     node_config_problems,
     outputs_from_json,
 )
-from config import ConfigError, load_config
-from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
-from config.efa import efa_interface_layout
-from config.target import with_target
 from tests.helpers import EXAMPLES, REPO, cdk_app, load_variant, write_variant
 
 FIXTURE = REPO / "config" / "examples" / "ec2" / "outputs.json"
@@ -292,7 +292,7 @@ def test_project_checks_catch_what_the_emulator_accepts():
 
 def test_file_mounts_put_the_bundle_where_the_pods_mount_it():
     from charts import bundle
-    from charts.launcher import MOUNT_PATH
+    from ops.launcher import MOUNT_PATH
 
     assert MOUNT_PATH == bundle.MOUNT_PATH
 
@@ -646,7 +646,7 @@ def test_gpu_containers_get_gpus_all_and_ray_guesses_nothing(tmp_path):
 
 
 def test_every_container_gets_the_hosts_rsync_and_ssh(tmp_path):
-    from charts.launcher import host_tools_command
+    from ops.launcher import host_tools_command
 
     launcher = rendered(load_config())
     for name, node_type in launcher["available_node_types"].items():
@@ -661,7 +661,7 @@ def test_host_tools_command_bundles_binaries_that_run_through_their_own_loader(t
     another distribution): the loader and every library come from the bundle."""
     import subprocess
 
-    from charts.launcher import HOST_TOOLS_DIR, host_tools_command
+    from ops.launcher import HOST_TOOLS_DIR, host_tools_command
 
     target = tmp_path / "tools"
     command = host_tools_command().replace(HOST_TOOLS_DIR, str(target))

@@ -1,5 +1,5 @@
 """The `ray up` tier (issue 34): Ray 2.58's own `ray up`, `ray exec`, `ray job submit` and `ray down` on the YAML
-`python -m charts.launcher render` writes for the default file, against two namespace hosts with their own sshd
+`python -m ops.launcher render` writes for the default file, against two namespace hosts with their own sshd
 and dockerd and the DLC stand-in image (tests/ec2_tier/, docs/ec2.md "The ray up tier").
 
 Only the declared substitutions differ from the rendered YAML (the first test prints them). Never skipped: a
@@ -96,7 +96,7 @@ def test_ray_job_submit_runs_on_the_cluster(tier):
 
 
 def test_the_ray_token_is_in_no_docker_inspect_and_the_cluster_authenticates(tier):
-    from charts.launcher import AUTH_TOKEN_FILE
+    from ops.launcher import AUTH_TOKEN_FILE
 
     inspected = 0
     for host in tier.lab.hosts:
@@ -124,7 +124,7 @@ def test_ray_down_removes_every_container(tier):
     assert [h.containers() for h in tier.lab.hosts] == [[], []]
 
 
-# ---- bad input and the start deadline: `python -m charts.launcher up` (charts/launcher_up.py) --------------
+# ---- bad input and the start deadline: `python -m ops.launcher up` (ops/launcher_up.py) --------------
 # Each ends non-zero with one message naming what to fix, and leaves no instance (no container) running.
 
 def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None, config_file=None):
@@ -141,7 +141,7 @@ def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None, config_f
 
     env = tier.env()
     env["PYTHONPATH"] = f"{REPO}:{env['PYTHONPATH']}"
-    proc = subprocess.run([sys.executable, "-m", "charts.launcher", "up", str(config_file), "--yaml",
+    proc = subprocess.run([sys.executable, "-m", "ops.launcher", "up", str(config_file), "--yaml",
                            str(yaml_path or tier.yaml)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900, stdin=subprocess.DEVNULL)
     return proc, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
@@ -224,7 +224,7 @@ def test_a_head_that_never_answers_ssh_ends_ray_up_at_the_start_deadline(tier):
 # ---- a fine-tune across both containers, the worker's container killed, an exact resume (issue 34 point 3) ------
 # tests/fixtures/ec2-finetune.yaml: one CPU worker with two logical GPUs (two Ray Train workers on gloo in the
 # worker's container; the driver and Ray Train's controller in the head's), the demo's tiny model from S3, a
-# checkpoint every 20 of 160 steps to the tier's S3 server. Brought up with `python -m charts.launcher up` and
+# checkpoint every 20 of 160 steps to the tier's S3 server. Brought up with `python -m ops.launcher up` and
 # submitted with /app/submit.sh, as docs/ec2.md says. The worker's container is killed (`docker kill`, as an OOM
 # kill or a crashed daemon would end it; the instance lives on) once the first checkpoint is registered in S3; the
 # head's autoscaler restarts Ray there, Ray Train restarts the worker group and resumes from that checkpoint. The
@@ -278,7 +278,7 @@ def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_
         start = time.monotonic()
         proc, message = _launcher_up(tier, yaml_path=finetune.path, config_file=FINETUNE_FILE)
         assert proc.returncode == 0, f"{message}\n{proc.stdout[-4000:]}"
-        print(f"python -m charts.launcher up (the fine-tune's head): {time.monotonic() - start:.0f} s")
+        print(f"python -m ops.launcher up (the fine-tune's head): {time.monotonic() - start:.0f} s")
         watch.start = time.monotonic()
         out = tier.ray("exec", yaml_path, f"bash /app/submit.sh --no-wait --submission-id {SUBMISSION_ID}")
         assert "submitted successfully" in out.stdout + out.stderr, out.stdout[-3000:]

@@ -1,5 +1,6 @@
-"""No import circles among the project's modules, and imports run one way: `config` knows nothing of
-`workloads`, `stacks` or `charts` (found by reading the sources; one test runs `python -m config check`).
+"""No import circles among the project's modules, and imports run one way between the top-level folders (the
+floors in `MAY_IMPORT`, drawn in docs/architecture.md): `config` knows nothing of the others (found by reading the
+sources; one test runs `python -m config check`), and no folder imports one above it.
 
 Every `import` counts, also one inside a function or under `TYPE_CHECKING`: a lazy import hides a
 circle from Python but not from the reader, and makes the next top-level import a crash.
@@ -15,7 +16,21 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-PACKAGES = ("bench", "charts", "config", "stacks", "tests", "tools", "workloads")
+# The floors, bottom up: each top-level folder and the folders it may import. `harness` (shared by the benches and
+# the tests) may not exist yet; when it does, only `bench` and `tests` may import it.
+_BELOW_OPS = {"config", "tools", "workloads", "charts", "stacks"}
+MAY_IMPORT = {
+    "config": set(),
+    "tools": {"config"},
+    "workloads": {"config"},
+    "charts": {"config", "tools", "workloads"},
+    "stacks": {"config", "tools"},
+    "ops": _BELOW_OPS,
+    "harness": _BELOW_OPS | {"ops"},
+    "bench": _BELOW_OPS | {"ops", "harness"},
+    "tests": _BELOW_OPS | {"ops", "harness", "bench"},
+}
+PACKAGES = tuple(sorted(name for name in MAY_IMPORT if (REPO / name / "__init__.py").exists()))
 
 
 def modules() -> dict[str, Path]:
@@ -97,7 +112,7 @@ def test_no_import_circles():
 
 # ---- one way: config knows nothing of the floors above it ------------------------------------------------
 
-UPPER = ("workloads", "stacks", "charts")
+UPPER = ("workloads", "stacks", "charts", "ops")
 _UPPER_PATH = re.compile(rf"^({'|'.join(UPPER)})([./]\w|$)")
 
 
@@ -154,3 +169,63 @@ def test_config_check_loads_no_module_of_the_floors_above():
     assert proc.returncode == 0, proc.stderr
     assert "sharding hybrid" in proc.stdout
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+# ---- one way between all top-level folders -----------------------------------------------------------------------
+
+# The benches still borrow these from the tests (servers, runners, fuzz inputs); a shared `harness/` takes them over.
+# The list may shrink, never grow: a new bench helper goes below both.
+BENCH_ON_TESTS = {
+    ("bench.cluster_real", "tests.cluster_real.harness"),
+    ("bench.driver_kill_times", "tests.driver_run"),
+    ("bench.driver_kill_times", "tests.loopback"),
+    ("bench.failure_times", "tests.loopback"),
+    ("bench.hang_time", "tests.test_hang"),
+    ("bench.validation_fuzz", "tests.fuzz_files"),
+}
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, target) for each import across top-level folders that `MAY_IMPORT` does not allow."""
+    return sorted((name, target) for name, targets in graph.items() for target in targets
+                  if (src := name.split(".")[0]) != (dst := target.split(".")[0])
+                  and dst not in MAY_IMPORT.get(src, set()) and (name, target) not in BENCH_ON_TESTS)
+
+
+def test_floor_violations_are_found():
+    graph = {"charts.ray": {"config.k8s", "stacks.versions"}, "tools.pins": {"ops.check"},
+             "stacks.cluster": {"tools.pins"}, "harness.x": {"tests.helpers"}, "bench.hang_time": {"tests.test_hang"},
+             "bench.new": {"tests.loopback"}, "unknown.mod": {"config"}}
+    assert floor_violations(graph) == [("bench.new", "tests.loopback"), ("charts.ray", "stacks.versions"),
+                                       ("harness.x", "tests.helpers"), ("tools.pins", "ops.check"),
+                                       ("unknown.mod", "config")]
+
+
+def test_the_floors_form_no_circle():
+    graph = {name: set(allowed) for name, allowed in MAY_IMPORT.items()}
+    assert cycles(graph) == []
+    assert all(name not in allowed for name, allowed in MAY_IMPORT.items())
+
+
+def test_every_top_level_package_has_a_floor():
+    found = {path.parent.name for path in REPO.glob("*/__init__.py")}
+    assert found - MAY_IMPORT.keys() == set(), "add the new folder to MAY_IMPORT and docs/architecture.md"
+    assert {"bench", "charts", "config", "ops", "stacks", "tests", "tools", "workloads"} <= set(PACKAGES)
+
+
+def test_every_top_level_package_says_what_it_may_import():
+    for package in PACKAGES:
+        doc = ast.get_docstring(ast.parse((REPO / package / "__init__.py").read_text()))
+        assert doc, f"{package}/__init__.py: no docstring"
+
+
+def test_imports_run_one_way_between_all_top_level_folders():
+    graph = import_graph()
+    assert "ops.replacements" in graph["ops.check"] and "charts.crds" in graph["charts.validation"]
+    assert floor_violations(graph) == []
+
+
+def test_the_benches_borrow_no_more_from_the_tests():
+    found = {(name, target) for name, targets in import_graph().items() if name.startswith("bench.")
+             for target in targets if target.startswith("tests.")}
+    assert found <= BENCH_ON_TESTS

@@ -1,7 +1,7 @@
 """Day two, as synthesized templates: the first deploy, changes during a run, teardown, redeploy, a second cluster.
 
 Each step synthesizes the shipped variable file with one edit and classifies every resource as CloudFormation will
-treat it (stacks/lifecycle.py: create-only properties from the provider schemas cfn-lint ships, Ref/GetAtt
+treat it (ops/lifecycle.py: create-only properties from the provider schemas cfn-lint ships, Ref/GetAtt
 propagation, exports), and every node group by what happens to its nodes. The steps are the ones docs/lifecycle.md
 walks through.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from config import load_config
-from stacks.lifecycle import Step, classify, identity, name_property, physical_names
+from ops.lifecycle import Step, classify, identity, name_property, physical_names
 from tests.helpers import write_variant
 
 pytestmark = pytest.mark.slow  # ten syntheses (about 10 s each on the 2-core machine)
@@ -42,8 +42,8 @@ DURING_A_RUN = ("max_nodes", "min_nodes", "instance_type", "node_ami", "addon")
 
 @cache
 def templates(step: str) -> dict[str, dict]:
+    from ops.replacements import synthesize
     from stacks import versions
-    from stacks.replacements import synthesize
 
     edit = STEPS[step]
     path = write_variant(_ROOT, edit.get("file", {}), name=f"{step}.yaml", group=edit.get("group"))
@@ -165,7 +165,7 @@ def test_the_docs_say_a_rolled_group_ends_a_running_job():
 
 
 def test_stacks_check_says_a_rolled_group_ends_a_running_job():
-    from stacks.check import describe
+    from ops.check import describe
 
     lines = describe(step("instance_type"))
     assert any("rolled" in line and "a running job ends" in line for line in lines), lines
@@ -223,7 +223,7 @@ def test_a_second_cluster_shares_no_name_with_the_first():
 @pytest.mark.parametrize("deployed", [False, True])
 def test_a_capacity_block_group_without_the_autoscaler_keeps_its_hand_set_size_once_deployed(tmp_path, deployed):
     # Created at desired 0 (the block may not have started); scaled by hand when it starts (docs/deploying.md).
-    from stacks.replacements import synthesize
+    from ops.replacements import synthesize
     from tests.helpers import EXAMPLES
 
     path = write_variant(tmp_path, {"autoscaling": {"enabled": False}}, base=EXAMPLES / "p5.yaml",

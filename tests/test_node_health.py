@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from charts.vendored import ChartsUnavailable, file_path
 from config.k8s import GPU_TAINT, ROLE_LABEL, WORKER_GROUP_LABEL
 from stacks.efa_nodegroup import ACCELERATOR_LABEL, accelerator_label
 from stacks.versions import MANAGED_ADDON_VERSIONS, managed_addon_version
 from tests.stack_synth import synth
+from tests.vendored import ChartsUnavailable, file_path
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 

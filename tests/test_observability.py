@@ -21,7 +21,6 @@ import pytest
 import yaml
 
 from charts import build_app, dashboards, inputs, manifests, monitoring, policy, validation
-from charts.vendored import ChartsUnavailable, chart_dir
 from config import load_config
 from config.k8s import GPU_PRESENT_LABEL, GPU_TAINT, RAY_CLUSTER_LABEL, system_node_labels
 from config.observability import (
@@ -50,6 +49,7 @@ from tests.helpers import REPO, write_variant
 from tests.loopback import PrometheusServer, prometheus_missing
 from tests.test_config import check, paths_of, refused
 from tests.test_security_charts import OPERATOR, STRANGER, _pod, admitted, ray_pods, selects
+from tests.vendored import ChartsUnavailable, chart_dir
 from tests.waiting import wait_for
 
 DEFAULT = REPO / "config" / "cluster.yaml"

@@ -2,13 +2,13 @@
 
 For each shipped variable file (config/cluster.yaml and config/examples/*), and tests/stack_synth.py's "alt"
 variant (the only one with the CloudWatch add-on on), the CDK app is synthesized, each
-pinned chart (../shared/charts, verified by charts/vendored.py) is rendered by the helm of the kubectl Lambda's
+pinned chart (../shared/charts, verified by tests/vendored.py) is rendered by the helm of the kubectl Lambda's
 layer (tests/helm.py) with exactly the values in the template's `Custom::AWSCDK-EKS-HelmChart` resources and the
 node monitoring agent add-on's `ConfigurationValues`, and the Ray manifests come from the cdk8s app (what
 `cdk8s synth` writes to dist/). Placement is then decided by Kubernetes' rules on the node groups the template
 declares, with nodeadm's allocatable less the DaemonSets on each node (tests/placement.py).
 
-Adding a chart: one line in charts/vendored.py CHARTS, and one line per DaemonSet/Deployment it renders in
+Adding a chart: one line in tests/vendored.py CHARTS, and one line per DaemonSet/Deployment it renders in
 PLACEMENT below (a rendered workload without a line fails `test_every_rendered_workload_has_a_placement_rule`).
 The other managed add-ons (vpc-cni, kube-proxy, coredns, eks-pod-identity-agent, and amazon-cloudwatch-observability
 when the file turns it on) ship no chart here: their pods come from tests/managed_addons.py, which restates them
@@ -24,7 +24,6 @@ from functools import cache
 import pytest
 
 from charts.charts import build_app, inputs, manifests
-from charts.vendored import CHARTS, ChartsUnavailable, chart_dir
 from config import ClusterConfig, load_config
 from config.k8s import EFA_RESOURCE, GPU_RESOURCE
 from config.observability import EFA_SIDECAR_REQUESTS
@@ -45,6 +44,7 @@ from tests.placement import (
     workloads,
 )
 from tests.stack_synth import synth, variant_file
+from tests.vendored import CHARTS, ChartsUnavailable, chart_dir
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 

@@ -1,9 +1,9 @@
 """Edits users make often do not replace the EKS cluster, a node group or the bucket (issue 17, point 7).
 
 Each edit is applied to a shipped variable file, both files are synthesized (the real app, through
-stacks/replacements.py) and compared: the cluster's, node groups' and bucket's logical ids stay, and no
+ops/replacements.py) and compared: the cluster's, node groups' and bucket's logical ids stay, and no
 create-only property (cfn-lint's shipped provider schemas) changes anywhere. Edits that do replace or
-delete something are checked to be reported, by `python -m stacks.check NEW --against OLD` too.
+delete something are checked to be reported, by `python -m ops.check NEW --against OLD` too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from config import DEFAULT_FILE, ClusterConfig, load_config
-from stacks.replacements import KEY_TYPES, Change, changes, create_only_properties, synthesize
+from ops.replacements import KEY_TYPES, Change, changes, create_only_properties, synthesize
 from tests.helpers import EXAMPLES
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
@@ -231,10 +231,10 @@ def test_changes_follow_an_export_into_another_stack():
         ("app", "Ng", "replace"), ("net", "Sub", "replace")]
 
 
-# ---- stacks.check --against --------------------------------------------------------------------
+# ---- ops.check --against --------------------------------------------------------------------
 
 def _check(capsys, *argv: str) -> tuple[int, str]:
-    from stacks.check import main
+    from ops.check import main
 
     code = main(list(argv))
     return code, capsys.readouterr().out

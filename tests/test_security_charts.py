@@ -328,7 +328,7 @@ def test_prepull_pods_are_hardened_and_closed(default):
 
 
 def test_scan_export_writes_every_ray_pod_as_kuberay_names_it(default, tmp_path):
-    from charts import scan
+    from ops import scan
 
     pods = scan.ray_pods(default)
     assert sorted(p["metadata"]["name"] for p in pods) == ["ray-efa-gpu", "ray-efa-head", "ray-efa-job-gpu",

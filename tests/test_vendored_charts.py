@@ -1,4 +1,4 @@
-"""charts/vendored.py: pinned chart copies are found, verified, refused when altered, and a missing one says
+"""tests/vendored.py: pinned chart copies are found, verified, refused when altered, and a missing one says
 how to get it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from charts.errors import ChartError
-from charts.vendored import CHARTS, DIR_ENV, FILES, ChartsUnavailable, chart_dir, file_path, shared_dir
+from tests.vendored import CHARTS, DIR_ENV, FILES, ChartsUnavailable, chart_dir, file_path, shared_dir
 from tools.pins import GITHUB_RAW_ENV, MIRROR_ENV
 
 SMALL = "aws-efa-k8s-device-plugin-v0.5.30"

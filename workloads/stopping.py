@@ -1,4 +1,4 @@
-"""What stopping a run deletes: one decision, shared by `python -m charts.stop` (a person, with the kubernetes
+"""What stopping a run deletes: one decision, shared by `python -m ops.stop` (a person, with the kubernetes
 client) and the watchdog (`workloads.watchdog`, in a pod, stdlib only). Standard library only: it ships in the code
 ConfigMap and runs in the Ray image without the project's dependencies.
 

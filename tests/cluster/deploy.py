@@ -22,7 +22,7 @@ DASHBOARDS = "dashboards.k8s.yaml"
 
 
 def install_addon_crds(lab: k8s_lab.Lab) -> None:
-    from charts.vendored import chart_dir
+    from tests.vendored import chart_dir
 
     crds = k8s_lab.load_manifests(chart_dir(PROMETHEUS_CHART) / PODMONITOR_CRD)
     lab.apply(crds)

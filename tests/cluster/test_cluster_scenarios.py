@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from charts.stop import stop
+from ops.stop import stop
 from tests.cluster import deploy
 from tests.cluster.conftest import CLUSTER_MARKS, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
@@ -142,14 +142,14 @@ def test_success_deletes_the_workers_then_the_head(env, request):
 
 
 def test_stop_command_frees_the_gpu_nodes(env):
-    """(b) `python -m charts.stop` while the job trains: the Ray job ends STOPPED (the operator's finalizer) and
+    """(b) `python -m ops.stop` while the job trains: the Ray job ends STOPPED (the operator's finalizer) and
     every GPU pod goes with the RayJob's cluster. (A suspend would not: KubeRay 1.7.0 refuses it beside
-    deletionRules; `charts/stop.py` cites the lines.)"""
+    deletionRules; `ops/stop.py` cites the lines.)"""
     timeline = deploy.Timeline("stop-command")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
     try:
         wait_job(env, job_id, "RUNNING")
-        timeline("training; `python -m charts.stop`")
+        timeline("training; `python -m ops.stop`")
         took = stop(env["lab"].custom, env["lab"].core, env["ns"], NAME, batch=env["lab"].batch, timeout_s=60,
                     log=timeline)
         assert not gpu_pods(env)
@@ -165,7 +165,7 @@ def test_stop_command_frees_the_gpu_nodes(env):
 
 def test_raw_ray_job_stop_then_the_stop_command(env):
     """(b) a raw `ray job stop` with no watchdog: STOPPED, RayJob Complete, and no deletion rule matches (the CRD's
-    enum): the GPU workers stay. `python -m charts.stop` on the ended RayJob deletes its RayCluster. (With the
+    enum): the GPU workers stay. `python -m ops.stop` on the ended RayJob deletes its RayCluster. (With the
     watchdog, which the chart deploys by default, no command is needed: test_cluster_watchdog.py.)"""
     timeline = deploy.Timeline("raw-ray-job-stop-then-stop-command")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")
@@ -187,10 +187,10 @@ def test_raw_ray_job_stop_then_the_stop_command(env):
                     log=timeline)
         nodes, lost = cost_minutes(env, took)
         record(scenario="raw-ray-job-stop-then-stop-command", outcome="STOPPED; RayJob Complete; workers held "
-               "until `python -m charts.stop` deletes the RayCluster (job.watchdog false)", gpu_nodes=nodes,
+               "until `python -m ops.stop` deletes the RayCluster (job.watchdog false)", gpu_nodes=nodes,
                gpu_node_minutes_lost=lost,
                limit="KubeRay 1.7.0 deletionRules admit jobStatus SUCCEEDED/FAILED only (rayjob_types.go "
-               "DeletionCondition enum); without the watchdog the workers stay until `python -m charts.stop`: cost "
+               "DeletionCondition enum); without the watchdog the workers stay until `python -m ops.stop`: cost "
                "shown is when it follows the stop at once", timeline=timeline.entries)
     finally:
         cleanup(env, objects)

@@ -257,7 +257,7 @@ def test_a_head_in_a_crash_loop_is_bounded_by_the_watchdog(base):
 
 def test_a_raw_ray_job_stop_is_bounded_without_the_stop_command(env):
     """(b) A raw `ray job stop`: STOPPED, RayJob Complete, no deletion rule matches; the watchdog deletes the
-    RayCluster and keeps the RayJob as the record. No `python -m charts.stop`."""
+    RayCluster and keeps the RayJob as the record. No `python -m ops.stop`."""
     lab, ns = env["lab"], env["ns"]
     timeline = deploy.Timeline("raw-ray-job-stop")
     objects, job_id = start_run(env, timeline, entrypoint="python -c \"import time; time.sleep(600)\"")

@@ -1,4 +1,4 @@
-"""What the tier's YAML may change in the YAML `python -m charts.launcher render` writes, and why: the declared
+"""What the tier's YAML may change in the YAML `python -m ops.launcher render` writes, and why: the declared
 table, and `differences()`, which lists every change between two launcher YAMLs so a test can fail on any change
 the table does not declare.
 

@@ -1,5 +1,5 @@
 """The tier, assembled: the stand-in image, moto (Secrets Manager, S3) reachable on the bridge, the namespace
-hosts, the cloud, and the YAML: `python -m charts.launcher render` for the default file (stack outputs naming the
+hosts, the cloud, and the YAML: `python -m ops.launcher render` for the default file (stack outputs naming the
 tier's secret and bucket), then the declared substitutions (substitutions.py). `ray()` runs Ray's own CLI.
 
     with Tier(tmp_dir) as tier:
@@ -194,12 +194,12 @@ class Tier:
 
     def _render(self, config_file: Path = REPO / "config" / "cluster.yaml", *, bucket: str | None = None,
                 name: str = "ec2", **extra) -> tuple[dict, dict, list]:
-        """`python -m charts.launcher render` of `config_file`, then the declared substitutions (`extra`: the
+        """`python -m ops.launcher render` of `config_file`, then the declared substitutions (`extra`: the
         fine-tune's S3 and data, substitutions.Context)."""
         out_json = self.work / f"{name}-outputs.json"
         out_json.write_text(json.dumps(self.outputs(bucket)))
         out_dir = self.work / name
-        subprocess.run([sys.executable, "-m", "charts.launcher", "render", str(config_file),
+        subprocess.run([sys.executable, "-m", "ops.launcher", "render", str(config_file),
                         "--outputs", str(out_json), "--out-dir", str(out_dir)], cwd=REPO, check=True,
                        capture_output=True, text=True, timeout=300)
         rendered = yaml.safe_load((out_dir / "cluster.yaml").read_text())

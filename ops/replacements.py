@@ -7,7 +7,7 @@ same set the lint tests use. A resource is also replaced when a create-only prop
 GetAtt, Sub, or an export through ImportValue) to a resource that is itself replaced: its physical id
 changes. A changed launch template is not a replacement but rolls its node group's nodes.
 
-`python -m stacks.check NEW --against OLD` prints the findings; OLD is the previous variable file or a
+`python -m ops.check NEW --against OLD` prints the findings; OLD is the previous variable file or a
 `cdk.out` directory of the last synthesized (deployed) templates.
 """
 
@@ -165,8 +165,8 @@ def synthesize(config: ClusterConfig, outdir: Path) -> Templates:
     """Synthesize the project's stacks for `config` into `outdir` (no cdk-nag) and read the templates."""
     os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
+    from ops.context import new_app
     from stacks.assembly import build, stack_names
-    from stacks.context import new_app
 
     # cdk.json's context (the feature flags), so the templates match what `cdk synth` writes into cdk.out.
     app = new_app(outdir=str(outdir))
@@ -190,8 +190,8 @@ def read_cdk_out(directory: Path, config: ClusterConfig) -> Templates:
 
 def compare(old: ClusterConfig | Path, new: ClusterConfig, *, with_step: bool = False):
     """Changes from `old` (a loaded variable file, or a cdk.out directory) to `new`; with `with_step`, also every
-    resource's and node group's classification (`stacks.lifecycle.classify`)."""
-    from stacks.lifecycle import classify
+    resource's and node group's classification (`ops.lifecycle.classify`)."""
+    from ops.lifecycle import classify
 
     with tempfile.TemporaryDirectory(prefix="config-against-") as tmp:
         after = synthesize(new, Path(tmp) / "new")

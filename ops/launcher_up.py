@@ -1,4 +1,4 @@
-"""`python -m charts.launcher up`: Ray's `ray up` under the file's start deadline, with a clear stop.
+"""`python -m ops.launcher up`: Ray's `ray up` under the file's start deadline, with a clear stop.
 
 `ray up` alone has no deadline: with no capacity, or a head that never answers SSH, Ray's updater retries SSH
 for minutes per attempt (ray 2.58.0, ray/autoscaler/_private/updater.py NodeUpdater.wait_ready,
@@ -55,7 +55,7 @@ KNOWN_FAILURES = (
 def preflight(launcher_yaml: Path) -> list[str]:
     """What would make `ray up` hang or fail late, found before it starts: the file, the key."""
     if not launcher_yaml.is_file():
-        return [f"{launcher_yaml}: no such file; render it first: python -m charts.launcher render --deployed"]
+        return [f"{launcher_yaml}: no such file; render it first: python -m ops.launcher render --deployed"]
     try:
         data = yaml.safe_load(launcher_yaml.read_text())
     except yaml.YAMLError as exc:

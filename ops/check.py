@@ -1,4 +1,4 @@
-"""`python -m stacks.check [FILE] --against OLD`: the config check, then what deploying FILE would replace.
+"""`python -m ops.check [FILE] --against OLD`: the config check, then what deploying FILE would replace.
 
 Replace, delete, release (kept, DeletionPolicy Retain) or roll the nodes of, compared with OLD.
 
@@ -16,7 +16,7 @@ from config import ClusterConfig, load_or_exit
 from config.__main__ import check
 from config.cli import add_file_argument, chosen_file
 
-# What each node group class (stacks/lifecycle.py) does to a job running on the group.
+# What each node group class (ops/lifecycle.py) does to a job running on the group.
 NODEGROUP_EFFECT = {
     "rolled": "EKS replaces every node of the group, one at a time (UpdateStrategy MINIMAL): a running job ends "
               "(its Ray workers go with their nodes); deploy between jobs",
@@ -36,7 +36,7 @@ def describe(step) -> list[str]:
 
 def against(config: ClusterConfig, old: str) -> str:
     """What deploying `config` over `old` (a variable file or a cdk.out directory) replaces, deletes or rolls."""
-    from stacks.replacements import compare, key_changes  # starts jsii: not for --help or a bad file
+    from ops.replacements import compare, key_changes  # starts jsii: not for --help or a bad file
 
     path = Path(old)
     previous = path if path.is_dir() else load_or_exit(path)
@@ -54,7 +54,7 @@ def against(config: ClusterConfig, old: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 with the plan and the comparison (the file is valid), or 2 with one line per problem on stderr."""
-    parser = argparse.ArgumentParser(prog="python -m stacks.check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.check", description=__doc__.split("\n")[0])
     add_file_argument(parser)
     parser.add_argument("--against", metavar="OLD", required=True,
                         help="the deployed setup: its variable file, or a cdk.out directory of its templates")

@@ -1,7 +1,7 @@
 """The CDK context `cdk synth` gives `app.py` from cdk.json, for the apps built in-process.
 
 The CLI reads cdk.json's `context` (the feature flags, among others) and hands it to the app; an `App` built
-in Python (the tests, `python -m stacks.check`) sees none of it unless given it. Without it the same stacks
+in Python (the tests, `python -m ops.check`) sees none of it unless given it. Without it the same stacks
 synthesize differently from what `cdk deploy` sends (other resources, other ARNs), so every in-process `App`
 comes from `new_app`.
 """

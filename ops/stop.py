@@ -1,4 +1,4 @@
-"""`python -m charts.stop [FILE]`: stop the fine-tune's RayJob and free its GPU nodes, in one command.
+"""`python -m ops.stop [FILE]`: stop the fine-tune's RayJob and free its GPU nodes, in one command.
 
 What it deletes is `workloads.stopping.stop_plan`, the same decision the watchdog (`workloads.watchdog`) carries
 out; that module cites the KubeRay v1.7.0 lines. In short: a raw `ray job stop` leaves the RayJob Complete/STOPPED,
@@ -93,7 +93,7 @@ def stop(custom, core, namespace: str, name: str, *, batch=None, timeout_s: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m charts.stop", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.stop", description=__doc__.split("\n\n")[0])
     add_file_argument(parser)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the pods to go (300)")

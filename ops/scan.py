@@ -1,7 +1,7 @@
 """The Ray pods as plain Pods, for `make checkov`.
 
 checkov reads Kubernetes kinds it knows (Pod, DaemonSet, ...) and passes over custom resources, so the
-head and worker pods inside a RayCluster or RayJob would go unscanned. `python -m charts.scan DIST OUT`
+head and worker pods inside a RayCluster or RayJob would go unscanned. `python -m ops.scan DIST OUT`
 copies the manifests in DIST to OUT and writes beside them each Ray pod template as the Pod the KubeRay
 operator makes from it (name, namespace, the template's labels and annotations plus the operator's
 `ray.io/cluster` and `ray.io/node-type`), so checkov checks them, their inline skips included, and sees
@@ -44,13 +44,13 @@ def ray_pods(objects: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m charts.scan DIST OUT`: copy DIST's manifests to OUT and add OUT/ray-pods.k8s.yaml.
+    """`python -m ops.scan DIST OUT`: copy DIST's manifests to OUT and add OUT/ray-pods.k8s.yaml.
 
     One folder, so checkov's graph checks see the NetworkPolicies and the pods they select together.
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m charts.scan", description=main.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ops.scan", description=main.__doc__.split("\n")[0])
     parser.add_argument("dist", type=Path, metavar="DIST", help="folder of synthesized manifests (dist)")
     parser.add_argument("out", type=Path, metavar="OUT", help="folder checkov scans (replaced *.k8s.yaml)")
     args = parser.parse_args(argv)

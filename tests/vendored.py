@@ -9,7 +9,7 @@ caches `.cache/helm-charts/` and `.cache/pins/`; when none holds it, it is downl
 the pinned commit (tools/pins.py) and cached. Whatever the source, the folder must match its pinned tree digest; a
 copy that does not is refused, never passed over for the next source and never skipped.
 
-Adding a chart: one row in the table of tools/pins.py (with the digest `python -m charts.vendored --digest
+Adding a chart: one row in the table of tools/pins.py (with the digest `python -m tests.vendored --digest
 <folder>` prints) and its files' lines in tools/pins-charts.sha256sums.
 """
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     pinned chart and file; exit 2 with the reason on the first that is missing or differs."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m charts.vendored", description=main.__doc__.split(".")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.vendored", description=main.__doc__.split(".")[0])
     parser.add_argument("--digest", metavar="FOLDER", type=Path, help="print FOLDER's tree digest and exit")
     args = parser.parse_args(argv)
     if args.digest:
