@@ -28,6 +28,7 @@ from charts.launcher import (
 from config import ConfigError, load_config
 from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
 from config.efa import efa_interface_layout
+from config.errors import run_cli
 from config.target import with_target
 from tests.helpers import EXAMPLES, REPO, cdk_app, load_variant, write_variant
 
@@ -313,7 +314,9 @@ def test_render_names_the_missing_output(tmp_path, capsys):
     data["Stacks"][1]["Outputs"] = [o for o in data["Stacks"][1]["Outputs"] if o["OutputKey"] != "ImageId"]
     partial = tmp_path / "outputs.json"
     partial.write_text(json.dumps(data))
-    assert main(["render", "--outputs", str(partial), "--out-dir", str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, ["render", "--outputs", str(partial), "--out-dir", str(tmp_path / "out")])
+    assert exited.value.code == 2
     assert f"{partial}: missing output(s) ImageId" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
