@@ -342,7 +342,7 @@ def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
     from ray.autoscaler._private.commands import _bootstrap_config
     from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-    from tests.loopback import moto_ec2_server
+    from harness.loopback import moto_ec2_server
 
     with moto_ec2_server() as moto:
         for key, value in moto.env(str(tmp_path)).items():
@@ -414,7 +414,7 @@ def test_the_emulator_accepts_what_ec2_would_refuse(tmp_path, monkeypatch):
     these and a failed `ray up`, so they are tested above and this records the emulator's limit."""
     import boto3
 
-    from tests.loopback import moto_ec2_server
+    from harness.loopback import moto_ec2_server
 
     with moto_ec2_server() as moto:
         for key, value in moto.env(str(tmp_path)).items():

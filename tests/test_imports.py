@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-PACKAGES = ("bench", "charts", "config", "stacks", "tests", "tools", "workloads")
+PACKAGES = ("bench", "charts", "config", "harness", "stacks", "tests", "tools", "workloads")
 
 
 def modules() -> dict[str, Path]:
@@ -93,6 +93,29 @@ def test_cycles_are_found():
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+# ---- tests and bench share harness/, never each other ----------------------------------------------------
+
+def crossings(graph: dict[str, set[str]], package: str, forbidden: set[str]) -> list[tuple[str, str]]:
+    """(module, target) for each import from `package` into one of the `forbidden` packages."""
+    return sorted((name, target) for name, targets in graph.items() if name.split(".")[0] == package
+                  for target in targets if target.split(".")[0] in forbidden)
+
+
+def test_crossings_are_found():
+    graph = {"bench.a": {"tests.loopback", "harness.loopback"}, "tests.b": {"harness.dcgm"}, "harness.c": set()}
+    assert crossings(graph, "bench", {"tests"}) == [("bench.a", "tests.loopback")]
+    assert crossings(graph, "tests", {"bench"}) == []
+
+
+def test_bench_and_tests_import_only_harness_of_each_other():
+    graph = import_graph()
+    # The graph sees both sides' edges into harness, lazy imports included.
+    assert "harness.loopback" in graph["bench.failure_times"] and "harness.mesh_steps" in graph["tests.test_topology"]
+    assert crossings(graph, "bench", {"tests"}) == []
+    assert crossings(graph, "tests", {"bench"}) == []
+    assert crossings(graph, "harness", {"tests", "bench"}) == []
 
 
 # ---- one way: config knows nothing of the floors above it ------------------------------------------------
