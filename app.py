@@ -10,12 +10,11 @@ synthesizes both targets from the default file.
 
 from __future__ import annotations
 
-import sys
-
 import aws_cdk as cdk
 
-from config import load_or_exit, resolve_path
+from config import load_config, resolve_path
 from config.cli import provenance
+from config.errors import UserError, run_cli
 from config.target import with_target
 from stacks import build
 
@@ -26,14 +25,13 @@ def main() -> None:
     """Synthesize the stacks into cdk.out."""
     app = cdk.App()
     path = app.node.try_get_context("config")
-    config = load_or_exit(path)
+    config = load_config(path)
     target = app.node.try_get_context("target")
     if target:
         try:
             config = with_target(config, str(target))
         except ValueError as exc:
-            print("\n".join(f"{resolve_path(path)}: {line}" for line in str(exc).splitlines()), file=sys.stderr)
-            raise SystemExit(2) from None
+            raise UserError.of(f"{resolve_path(path)}: {line}" for line in str(exc).splitlines()) from None
     build(app, config, nag=str(app.node.try_get_context("nag")).lower() == "true")
     record_source(app, path)
     app.synth()
@@ -47,4 +45,4 @@ def record_source(app: cdk.App, path: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -61,7 +61,7 @@ def run(label: str) -> None:
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from tests.cluster_real.harness import available
+    from harness.cluster_real import available
 
     why = available()
     if why:

@@ -37,8 +37,8 @@ ROOT_RESHARDED = "full_root_resharded"
 
 
 def run(root: Path, *, steps: int, accum: int, seq: int = 64) -> dict:
-    """Both shardings in one 4-rank run; {sharding: report} (see `bench.harness.mesh_steps`)."""
-    from bench.harness.mesh_steps import launch, read
+    """Both shardings in one 4-rank run; {sharding: report} (see `harness.mesh_steps`)."""
+    from harness.mesh_steps import launch, read
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
     assets = prepare_local_assets(root / "assets")

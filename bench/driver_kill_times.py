@@ -2,13 +2,13 @@
 
     python bench/driver_kill_times.py [--out DIR] [--cases local,s3,upload]
 
-Each case runs `tests/driver_run.py` (its own local Ray cluster, its tiny 12-step `JOB`, a checkpoint every 4
+Each case runs `harness/driver_run.py` (its own local Ray cluster, its tiny 12-step `JOB`, a checkpoint every 4
 steps) in a new process group, SIGKILLs the whole group at a known point, then starts it again under the
 same run name (a new process and a new Ray cluster, as a RayJob retry has):
 
 * `local`: local storage; the kill once checkpoint 4 is registered (rank 0 waits after reporting it).
 * `s3`: the same through S3 (moto's server with auth, credentials from a Pod-Identity-style endpoint).
-* `upload`: through S3 behind `tests.loopback.StallingProxy`, the kill while checkpoint 8's upload is held;
+* `upload`: through S3 behind `harness.loopback.StallingProxy`, the kill while checkpoint 8's upload is held;
   the rerun resumes from checkpoint 4.
 
 Measured per case: the kill to the first metrics row past the resume step (`<run>/metrics.jsonl`, read
@@ -45,7 +45,7 @@ def _rows(text: str | None) -> list[dict]:
 
 def _case(root: Path, name: str, assets: Path, *, env: dict | None, storage: str | None, read, proxy=None) -> dict:
     """Kill at the gate (or at a held upload), rerun; seconds from the kill to training again and to the end."""
-    from tests import driver_run
+    from harness import driver_run
 
     gate = "checkpoint_step_0000008" if proxy else "checkpoint_step_0000004"
     resume = 4
@@ -76,7 +76,7 @@ def _case(root: Path, name: str, assets: Path, *, env: dict | None, storage: str
 
 
 def main() -> int:
-    from tests.loopback import MotoServer, PodIdentityEndpoint, StallingProxy, s3_policy
+    from harness.loopback import MotoServer, PodIdentityEndpoint, StallingProxy, s3_policy
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

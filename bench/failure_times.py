@@ -100,7 +100,7 @@ def main() -> int:
         ray.shutdown()
 
     # storage_check_refusal
-    from tests.loopback import MotoServer, PodIdentityEndpoint, s3_policy
+    from harness.loopback import MotoServer, PodIdentityEndpoint, s3_policy
     from workloads.fsdp_finetune.storage_check import storage_problem
 
     with MotoServer() as moto:

@@ -50,7 +50,7 @@ the adapters' own FLOPs are under 1 % and left out). The plan's LoRA prediction 
 --dcgm: not a throughput figure but what only a GPU can show for the metrics stack's dcgm-exporter, which runs with
 every capability dropped and asks the node monitoring agent's host engine over TCP: a client with CapEff 0 asks a
 DCGM host engine for every field the exporter's counters list names, while bf16 matmuls keep the tensor pipe busy,
-and each field is printed as served or N/A (bench/harness/dcgm.py; docs/observability.md, "To check on a GPU").
+and each field is printed as served or N/A (harness/dcgm.py; docs/observability.md, "To check on a GPU").
 Exit 2, saying why, without an NVIDIA GPU or without DCGM.
 
 --tiny uses the GPU when there is one and the CPU otherwise (FSDP1 then runs on CPU with
@@ -335,7 +335,7 @@ def main() -> None:
                         help="torch.compile each decoder layer (default: on on a GPU, off on CPU)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
-    from bench.harness import dcgm
+    from harness import dcgm
 
     dcgm.add_arguments(parser)
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 
     python bench/hang_time.py [--out DIR] [--timeout-minutes 0.1]
 
-The job of tests/test_hang.py (`tests.driver_run.JOB`: 12 steps, a checkpoint every 4): the last rank stops
+The job of tests/test_hang.py (`harness.driver_run.JOB`: 12 steps, a checkpoint every 4): the last rank stops
 before step 7's collectives (`hang_at_step=6`, `train._maybe_hang`); rank 0's all_reduce fails after
 `collective_timeout_minutes`, Ray Train restarts the group, which resumes from checkpoint 4.
 Printed (one JSON line):
@@ -59,7 +59,7 @@ def _error_time(rank_log: Path) -> float | None:
 def main() -> int:
     import ray
 
-    from tests.test_hang import HANG_AT, JOB
+    from harness.driver_run import HANG_AT, JOB
     from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -2,7 +2,7 @@
 
 The bench makes two network namespaces (root needed), joins them with a veth pair whose both ends
 `tc` (token bucket) limits to `--link-mbit`, and runs 4 gloo ranks of the real `train_step`, 2 in
-each namespace (`bench.harness.mesh_steps`; ranks of one namespace talk over its local route,
+each namespace (`harness.mesh_steps`; ranks of one namespace talk over its local route,
 unlimited, like PCIe within a node). The link is chosen slow enough that it, not the CPUs, bounds
 the step, as the 40 Gbit/s EFA link does for Qwen2.5-1.5B on 2 x g6.12xlarge: the tiny model
 moves ~6 MB per rank per step across nodes under full sharding. Both shardings run in one
@@ -90,7 +90,7 @@ def skip(reason: str) -> None:
 
 def measure(namespaces: Namespaces, root: Path, *, steps: int, accum: int, seq: int) -> dict:
     """Tokens/s of each sharding across the two namespaces."""
-    from bench.harness.mesh_steps import launch, read
+    from harness.mesh_steps import launch, read
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
     assets = prepare_local_assets(root / "assets")

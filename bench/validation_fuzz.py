@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/validation_fuzz.py [EXAMPLES] [SYNTH]   (defaults 40 and 8)
 
-Draws EXAMPLES files from tests/fuzz_files.py's strategy (the default file with one to three fields pushed to
+Draws EXAMPLES files from harness/fuzz_files.py's strategy (the default file with one to three fields pushed to
 the edges of their types; a different draw each run), runs `python -m config check` on each, and builds up to
 SYNTH of the accepted ones as a deploy would (CDK app in process with cfn-lint over the templates, cdk8s charts
 with the CRD and Kubernetes schema validation). A false accept is an accepted file that fails to build or
@@ -24,7 +24,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from tests.fuzz_files import deploys, refusal_problems, variable_files, verdict, write  # noqa: E402
+from harness.fuzz_files import deploys, refusal_problems, variable_files, verdict, write  # noqa: E402
 
 
 def main(examples: int = 40, synth: int = 8) -> int:

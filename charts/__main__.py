@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config.cli import add_file_argument, chosen_file
-from config.loader import REPO_ROOT, load_or_exit, resolve_path
+from config.errors import FAILED, UserError, run_cli
+from config.loader import REPO_ROOT, load_config, resolve_path
 
 if TYPE_CHECKING:
     from config.model import ClusterConfig
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write the manifests (default: $CDK8S_OUTDIR, else dist)")
     args = parser.parse_args(argv)
     config_file = resolve_path(chosen_file(parser, args))
-    config = load_or_exit(config_file)
+    config = load_config(config_file)
     outdir = Path(args.outdir or os.environ.get("CDK8S_OUTDIR") or "dist")
     _quiet_node_banner()
     from charts.errors import ChartError
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         synthesize(config, config_file, outdir)
     except ChartError as exc:
-        print(f"{config_file}: cannot synthesize the Kubernetes manifests: {exc}", file=sys.stderr)
-        return 1
+        raise UserError(f"cannot synthesize the Kubernetes manifests: {exc}", file=str(config_file),
+                        exit_code=FAILED) from None
     return 0
 
 
@@ -99,4 +100,4 @@ def _quiet_node_banner() -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

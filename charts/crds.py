@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
 from charts.errors import ChartError
+from config.errors import run_cli
 from config.loader import REPO_ROOT
 from tools import pins
 
@@ -122,11 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"them: ${DIR_ENV}, then ../shared/kuberay, then .cache/kuberay/v{VERSION}/, else a download from "
                     f"${BASE_URL_ENV} (docs/setup.md: KubeRay CRDs).").parse_args(argv)
     for file in SHA256:
-        try:
-            _, downloaded = resolve(file)
-        except ChartError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        _, downloaded = resolve(file)
         if downloaded:
             print(f"KubeRay {VERSION} CRD {file}: downloaded from {base_url()}, sha256 verified, cached in "
                   f"{cache_dir()}")
@@ -134,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

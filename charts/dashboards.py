@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from config.errors import run_cli
 from config.observability import EFA_METRIC, PLAN_METRIC, RANK_LABEL, RUN_NAME_LABEL
 from workloads.fsdp_finetune.prometheus import RUN_GAUGES, STEP_TIME_BY_RANK
 
@@ -211,4 +211,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

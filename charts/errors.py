@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from config.errors import UserError
 
-class ChartError(Exception):
-    """Manifests cannot be produced; `str()` names the file or object and says what to change."""
+
+class ChartError(UserError):
+    """Manifests cannot be produced; `str()` names the file or object and says what to change (exit 2)."""

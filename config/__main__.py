@@ -11,8 +11,9 @@ import argparse
 
 from config.catalog import load_catalog
 from config.cli import add_file_argument, chosen_file
+from config.errors import FAILED, UserError, report, run_cli
 from config.hub import token_warnings
-from config.loader import ConfigError, load_or_exit, resolve_path
+from config.loader import ConfigError, load_config, load_or_exit, resolve_path
 from config.mesh import mesh_plan
 from config.model import ClusterConfig
 from config.observability import EFA_SIDECAR_REQUESTS
@@ -177,8 +178,8 @@ def check(file: str | None, *, online: bool = False) -> ClusterConfig:
         for note in found.notes:
             print(f"note: {note}", file=sys.stderr)
         if found.problems:
-            print(ConfigError(resolve_path(file), found.problems), file=sys.stderr)
-            raise SystemExit(2)
+            # An exit, as load_or_exit's above: tests and `ops.check` call check() in process.
+            raise SystemExit(report(ConfigError(resolve_path(file), found.problems)))
     else:
         for note in offline_notes(config):
             print(f"note: {note}", file=sys.stderr)
@@ -217,16 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             print(reference_table())
         return 0
     if args.command == "suits":
-        import sys
-
-        problems = target_problems(load_or_exit(chosen_file(suits, args)), args.target)
+        problems = target_problems(load_config(chosen_file(suits, args)), args.target)
         if problems:
-            print("; ".join(problems), file=sys.stderr)
-            return 1
+            raise UserError("; ".join(problems), exit_code=FAILED)
         return 0
     check(chosen_file(check_cmd, args), online=args.online)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from config.errors import UserError, report
 from config.hints import closest, did_you_mean, fields_at
 from config.model import ClusterConfig, Problem
 from config.yaml_source import Source, YamlProblem, number_as_written, parse, syntax_problem
@@ -20,13 +20,15 @@ DEFAULT_FILE = REPO_ROOT / "config" / "cluster.yaml"
 ENV_VAR = "CLUSTER_CONFIG"
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """A variable file that cannot be used; `str()` gives one `FILE: path: message` line per problem."""
 
     def __init__(self, file: Path | str, problems: list[Problem], source: Source | None = None):
-        self.file = str(file)
         self.problems = problems
-        super().__init__("\n".join(f"{self.file}: {p.path}: {p.message}{_at(source, p.path)}" for p in problems))
+        super().__init__("\n".join(f"{file}: {p.path}: {p.message}{_at(source, p.path)}" for p in problems))
+        # Set after: the text above already names the file on every line, UserError would prefix only the first.
+        self.file = str(file)
+        self.field = problems[0].path if len(problems) == 1 else None
 
 
 def _at(source: Source | None, dotted: str) -> str:
@@ -131,9 +133,9 @@ def _problem(error: dict, source: Source) -> Problem:
 
 
 def load_or_exit(path: str | os.PathLike | None = None) -> ClusterConfig:
-    """`load_config` for command-line entry points: on a bad file print the problems and exit 2."""
+    """`load_config` for entry points not (yet) run through `run_cli`: on a bad file print the problems (through
+    `report`, the one printer) and exit 2. Under `run_cli`, `load_config`'s `ConfigError` does the same."""
     try:
         return load_config(path)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(report(exc)) from None

@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from config import ClusterConfig, load_or_exit
+from config import ClusterConfig, load_config
 from config.__main__ import check
 from config.cli import add_file_argument, chosen_file
+from config.errors import run_cli
 
 # What each node group class (ops/lifecycle.py) does to a job running on the group.
 NODEGROUP_EFFECT = {
@@ -39,7 +40,7 @@ def against(config: ClusterConfig, old: str) -> str:
     from ops.replacements import compare, key_changes  # starts jsii: not for --help or a bad file
 
     path = Path(old)
-    previous = path if path.is_dir() else load_or_exit(path)
+    previous = path if path.is_dir() else load_config(path)
     found, step = compare(previous, config, with_step=True)
     groups = [f"  {line}" for line in describe(step)]
     if not found:
@@ -65,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

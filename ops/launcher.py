@@ -22,15 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import yaml
 
-from config import ClusterConfig, load_catalog, load_or_exit, resolve_path
+from config import ClusterConfig, load_catalog, load_config, resolve_path
 from config.cli import add_file_argument, chosen_file
 from config.ec2 import NETWORK_OUTPUTS, RAY_CLUSTER_TAG, ROOT_DEVICE, SSH_USER, STACK_OUTPUTS, efa_devices, node_sizing
 from config.efa import INTERFACE_TYPES, efa_interface_layout
+from config.errors import UserError, run_cli
 from config.loader import REPO_ROOT
 from config.topology import LOGICAL_GPU_RESOURCE
 
@@ -73,7 +73,7 @@ HOST_TOOLS_DIR = f"/home/{SSH_USER}/.ray-host-tools"
 CONTAINER_TOOLS_DIR = "/opt/ray-host-tools"
 
 
-class LauncherError(Exception):
+class LauncherError(UserError):
     """Outputs that cannot render a launcher YAML: `str()` names the file or stack and the missing key."""
 
 
@@ -445,26 +445,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         from ops.launcher_up import up
 
-        config = load_or_exit(resolve_path(chosen_file(upp, args)))
+        config = load_config(resolve_path(chosen_file(upp, args)))
         return up(args.yaml, deadline_minutes=config.job.start_deadline_minutes)
     config_file = resolve_path(chosen_file(rend, args))
-    config = load_or_exit(config_file)
-    try:
-        if args.outputs:
-            try:
-                data = json.loads(args.outputs.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise LauncherError(f"{args.outputs}: cannot read outputs ({exc})") from None
-            outputs = outputs_from_json(data, source=str(args.outputs))
-        else:
-            outputs = stack_outputs(config.cluster.name, config.region)
-        path = render(config_file, config, outputs, args.out_dir)
-    except LauncherError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    config = load_config(config_file)
+    if args.outputs:
+        try:
+            data = json.loads(args.outputs.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise LauncherError(f"{args.outputs}: cannot read outputs ({exc})") from None
+        outputs = outputs_from_json(data, source=str(args.outputs))
+    else:
+        outputs = stack_outputs(config.cluster.name, config.region)
+    path = render(config_file, config, outputs, args.out_dir)
     print(f"wrote {path} and {args.out_dir / 'app'}/; next: ray up {path}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from config.errors import UserError, run_cli
 from config.k8s import RAY_CLUSTER_LABEL, RAY_NODE_TYPE_LABEL
 
 
@@ -57,8 +58,7 @@ def main(argv: list[str]) -> int:
     dist, out = args.dist, args.out
     objects = [o for f in sorted(dist.glob("*.k8s.yaml")) for o in yaml.safe_load_all(f.read_text()) if o]
     if not objects:
-        print(f"{dist}: no manifests; run `make synth-k8s` first", file=sys.stderr)
-        return 2
+        raise UserError("no manifests", file=str(dist), fix="run `make synth-k8s` first")
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.k8s.yaml"):
         old.unlink()
@@ -71,4 +71,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    run_cli(main, sys.argv[1:])

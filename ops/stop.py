@@ -16,11 +16,11 @@ variable file or no such RayJob.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from config.cli import add_file_argument, chosen_file
-from config.loader import load_or_exit, resolve_path
+from config.errors import FAILED, UserError, run_cli
+from config.loader import load_config, resolve_path
 from workloads import stopping
 
 ENDED = stopping.ENDED
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the pods to go (300)")
     args = parser.parse_args(argv)
-    config = load_or_exit(resolve_path(chosen_file(parser, args)))
+    config = load_config(resolve_path(chosen_file(parser, args)))
     from kubernetes import client
     from kubernetes import config as kconfig
 
@@ -109,13 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         stop(client.CustomObjectsApi(api), client.CoreV1Api(api), config.ray.namespace, job_name(config),
              batch=client.BatchV1Api(api), timeout_s=args.timeout)
     except LookupError as exc:
-        print(f"stop: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(f"stop: {exc}") from None
     except TimeoutError as exc:
-        print(f"stop: {exc}", file=sys.stderr)
-        return 1
+        raise UserError(f"stop: {exc}", exit_code=FAILED) from None
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -1,10 +1,10 @@
-"""Pytest fixtures over `tests/loopback.py`'s servers (loopback only, port 0, torn down on exit)."""
+"""Pytest fixtures over `harness/loopback.py`'s servers (loopback only, port 0, torn down on exit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.loopback import MotoServer
+from harness.loopback import MotoServer
 
 # Passed/skipped/failed per tier, and in CI (CI=true) an unlisted skip fails the run (tests/allowed_skips.toml);
 # a line whenever pytest has been silent for 10 s (collecting, a long test), so no run is silent for minutes.
@@ -85,7 +85,7 @@ def moto_server():
 
 @pytest.fixture(scope="session")
 def driver_assets(tmp_path_factory):
-    """The tiny job's generated model and data, made once for every `tests.driver_run` of the session
+    """The tiny job's generated model and data, made once for every `harness.driver_run` of the session
     (about 20 s each on the loaded two-core machine; the same files make the runs comparable by construction)."""
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
@@ -94,7 +94,7 @@ def driver_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, driver_assets):
-    """`tests.driver_run.JOB` run once without a break (local storage, in this process): `(plan, assets, Result)`.
+    """`harness.driver_run.JOB` run once without a break (local storage, in this process): `(plan, assets, Result)`.
 
     The reference of every failure path (a worker killed, a fit aborted, a hung collective, the driver
     killed, a kill mid-upload to S3), in this process or in a driver process: each must end with these
@@ -104,7 +104,7 @@ def reference_run(tmp_path_factory, driver_assets):
     one, else on a cluster of its own, stopped after it.
     """
     ray = pytest.importorskip("ray")
-    from tests.driver_run import JOB
+    from harness.driver_run import JOB
     from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
 
     out = tmp_path_factory.mktemp("reference")

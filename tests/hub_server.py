@@ -17,7 +17,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from tests.loopback import ThreadedHTTPServer, register
+from harness.loopback import ThreadedHTTPServer, register
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

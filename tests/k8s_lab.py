@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from config.loader import REPO_ROOT
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 LAB_ENV = "K8S_LAB"
 """Path of the `lab` script, where it is not at ../shared/k8s/lab beside the repository."""

@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.waiting import kill_session, wait_for
+from harness.waiting import kill_session, wait_for
 from workloads.local_ray import LOOPBACK_ENV
 
 RAY = Path(sys.executable).with_name("ray")

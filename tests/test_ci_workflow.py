@@ -10,9 +10,9 @@ import re
 
 import yaml
 
+from harness import cluster_real
 from tests import k8s_lab
 from tests.ci_accounting import load_allowed
-from tests.cluster_real import harness
 from tests.helpers import REPO
 
 WORKFLOW = REPO / ".github" / "workflows" / "test.yml"
@@ -88,10 +88,10 @@ def test_the_github_only_skips_are_the_tiers_that_need_the_lab():
     # when the lab is there but something else is missing.
     cluster, real = sorted(github, key=lambda a: a.test)
     assert cluster.reason in k8s_lab.HOW_TO_GET
-    no_lab = f"no {harness.LAB_SCRIPT} or {harness.NODE_SCRIPT}: {harness.HOW_TO_GET}"
+    no_lab = f"no {cluster_real.LAB_SCRIPT} or {cluster_real.NODE_SCRIPT}: {cluster_real.HOW_TO_GET}"
     assert real.reason in no_lab
-    assert real.reason not in f"not root: {harness.HOW_TO_GET}"
-    assert real.reason not in f"missing containerd: {harness.HOW_TO_GET}"
+    assert real.reason not in f"not root: {cluster_real.HOW_TO_GET}"
+    assert real.reason not in f"missing containerd: {cluster_real.HOW_TO_GET}"
 
 
 def test_a_github_only_skip_fails_our_ci():

@@ -1,6 +1,6 @@
 """`config check` touches no network unless `--online`; with it, the Hub, S3 and EC2 checks, against loopback servers.
 
-AWS answers come from moto's server on 127.0.0.1 (tests/loopback.py, IAM auth enforced, a user with only
+AWS answers come from moto's server on 127.0.0.1 (harness/loopback.py, IAM auth enforced, a user with only
 the read actions the checks need); the Hub is a loopback HTTP server that counts requests, so "offline"
 is shown by zero requests reaching it.
 """
@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from harness.loopback import _OTHER_CREDENTIAL_VARS, ThreadedHTTPServer, only_policy
 from tests.helpers import REPO, write_variant
-from tests.loopback import _OTHER_CREDENTIAL_VARS, ThreadedHTTPServer, only_policy
 
 pytestmark = pytest.mark.slow  # the config CLI in child processes, against moto and a fake Hub
 
@@ -368,7 +368,7 @@ def test_online_check_notes_an_index_it_cannot_read(tmp_path):
 
 
 # ---- worker groups' `deployed` against the node groups EKS has (ListNodegroups / DescribeNodegroup) -------------
-# moto 5.2.5's EKS backend, through its server without IAM enforcement (tests.loopback.moto_ec2_server): with auth
+# moto 5.2.5's EKS backend, through its server without IAM enforcement (harness.loopback.moto_ec2_server): with auth
 # enforced (the `moto_server` above) its SigV4 check refuses every EKS GET (DescribeCluster, ListNodegroups,
 # DescribeNodegroup answer 403 SignatureDoesNotMatch even for the admin; measured), while the POSTs that create a
 # cluster and a node group pass. The calls under test are EKS's; the IAM side is a note either way.
@@ -381,7 +381,7 @@ NG_REGION = "us-east-1"
 def eks_server():
     import boto3
 
-    from tests.loopback import FAKE_KEYS, moto_ec2_server
+    from harness.loopback import FAKE_KEYS, moto_ec2_server
 
     with moto_ec2_server() as server:
         session = boto3.session.Session(region_name=NG_REGION, aws_access_key_id=FAKE_KEYS["AWS_ACCESS_KEY_ID"],
@@ -482,7 +482,7 @@ def test_online_check_names_the_file_and_field_of_a_deployed_mismatch(tmp_path, 
     # The whole CLI against the same server: the problem is reported as FILE: FIELD: message, exit 2.
     import boto3
 
-    from tests.loopback import FAKE_KEYS
+    from harness.loopback import FAKE_KEYS
 
     server, _ = eks_server
     boto3.session.Session(region_name=NG_REGION, aws_access_key_id=FAKE_KEYS["AWS_ACCESS_KEY_ID"],

@@ -16,8 +16,8 @@ import pytest
 
 from charts import crds, validation
 from charts.errors import ChartError
+from harness.loopback import ThreadedHTTPServer
 from tests.helpers import REPO
-from tests.loopback import ThreadedHTTPServer
 
 CLUSTERS, JOBS = "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"
 

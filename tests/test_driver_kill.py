@@ -6,7 +6,7 @@ Pod-Identity-style endpoint only) the same kill lands mid-upload in tests/test_t
 the resubmitted driver resuming from the checkpoint its snapshot in S3 names.
 
 The kill lands at a known point, not by timing: rank 0 stops right after reporting checkpoint 4
-(`tests/driver_run.py --gate`), and the test kills once Ray's checkpoint manager snapshot in storage
+(`harness/driver_run.py --gate`), and the test kills once Ray's checkpoint manager snapshot in storage
 names checkpoint 4 as the latest. Before, the kill followed a poll of the run's files, and a driver that
 trained faster than the poll finished all its steps first.
 """
@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # driver processes with their own Ray clusters: `make check` leaves it out
 
-from tests import driver_run  # noqa: E402
-from tests.driver_run import SNAPSHOT  # noqa: E402
+from harness import driver_run  # noqa: E402
+from harness.driver_run import SNAPSHOT  # noqa: E402
 from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
 
 CHECKPOINT = "checkpoint_step_0000004"  # the gate: rank 0 stops after reporting it

@@ -18,6 +18,7 @@ import yaml
 from config import ConfigError, load_config
 from config.ec2 import DLAMI_SSM_PARAMETER, RAY_CLUSTER_TAG, STACK_OUTPUTS
 from config.efa import efa_interface_layout
+from config.errors import run_cli
 from config.target import with_target
 from ops.launcher import (
     AUTH_TOKEN_DIR,
@@ -313,7 +314,9 @@ def test_render_names_the_missing_output(tmp_path, capsys):
     data["Stacks"][1]["Outputs"] = [o for o in data["Stacks"][1]["Outputs"] if o["OutputKey"] != "ImageId"]
     partial = tmp_path / "outputs.json"
     partial.write_text(json.dumps(data))
-    assert main(["render", "--outputs", str(partial), "--out-dir", str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, ["render", "--outputs", str(partial), "--out-dir", str(tmp_path / "out")])
+    assert exited.value.code == 2
     assert f"{partial}: missing output(s) ImageId" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -339,7 +342,7 @@ def test_rays_bootstrap_and_create_node_run_against_moto(tmp_path, monkeypatch):
     from ray.autoscaler._private.commands import _bootstrap_config
     from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-    from tests.loopback import moto_ec2_server
+    from harness.loopback import moto_ec2_server
 
     with moto_ec2_server() as moto:
         for key, value in moto.env(str(tmp_path)).items():
@@ -411,7 +414,7 @@ def test_the_emulator_accepts_what_ec2_would_refuse(tmp_path, monkeypatch):
     these and a failed `ray up`, so they are tested above and this records the emulator's limit."""
     import boto3
 
-    from tests.loopback import moto_ec2_server
+    from harness.loopback import moto_ec2_server
 
     with moto_ec2_server() as moto:
         for key, value in moto.env(str(tmp_path)).items():

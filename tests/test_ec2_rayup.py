@@ -255,10 +255,10 @@ def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_
     import subprocess
     import sys
 
-    from tests.driver_run import same_weights, weights
+    from harness.driver_run import same_weights, weights
+    from harness.waiting import wait_for
     from tests.ec2_tier.finetune import RunInS3, Watch
     from tests.ec2_tier.tier import FINETUNE_FILE, REPO
-    from tests.waiting import wait_for
     from workloads.fsdp_finetune.launch import cluster_plan
 
     config = finetune.config

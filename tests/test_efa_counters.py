@@ -24,9 +24,9 @@ import pytest
 
 from charts import dashboards
 from config.observability import EFA_METRIC
+from harness.loopback import NodeExporter, PrometheusServer, node_exporter_missing, prometheus_missing
+from harness.waiting import wait_for
 from stacks.observability import EFA_SCRIPT
-from tests.loopback import NodeExporter, PrometheusServer, node_exporter_missing, prometheus_missing
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow  # runs the sidecar script, node-exporter and Prometheus: `make check` leaves it out
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from charts import bundle
-from tests.loopback import DroppingProxy
+from harness.loopback import DroppingProxy
+from harness.waiting import wait_for
 from tests.ray_head import RAY as _RAY
 from tests.ray_head import RayHead, cli_env
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -291,8 +291,8 @@ def test_follow_sh_keeps_every_attempts_log_in_the_run_folder(ray_head, moto_ser
     import signal
 
     from config import load_config
+    from harness.loopback import REGION, s3_policy
     from tests.helpers import write_variant
-    from tests.loopback import REGION, s3_policy
     from workloads.fsdp_finetune.run_folder import run_dir_of
 
     bucket = moto_server.create_bucket("follow-submitter-logs")

@@ -1,4 +1,4 @@
-"""`bench/gpu_throughput.py --dcgm` (bench/harness/dcgm.py) without a GPU: its field list is the one the deployed
+"""`bench/gpu_throughput.py --dcgm` (harness/dcgm.py) without a GPU: its field list is the one the deployed
 dcgm-exporter reads, its arguments are checked, and without a GPU it stops with exit 2 and says why.
 
 The check itself (which fields a capability-less client gets from a DCGM host engine) needs a GPU and DCGM: it is
@@ -35,7 +35,7 @@ def _main(monkeypatch, *argv: str) -> int:
 
 def test_the_field_list_is_the_vendored_charts_default_counters():
     # What the stack's dcgm-exporter reads (`-f /etc/dcgm-exporter/default-counters.csv`, the chart's ConfigMap).
-    from bench.harness.dcgm import EXPORTER_COUNTERS, chart_counters
+    from harness.dcgm import EXPORTER_COUNTERS, chart_counters
     from tools import pins
 
     chart = pins.fetch("dcgm-exporter-4.8.2")[0]
@@ -43,7 +43,7 @@ def test_the_field_list_is_the_vendored_charts_default_counters():
 
 
 def test_every_field_has_an_id_and_the_profiling_ones_are_the_dcp_ids():
-    from bench.harness.dcgm import DASHBOARD_FIELDS, EXPORTER_COUNTERS, FIELD_IDS, is_profiling
+    from harness.dcgm import DASHBOARD_FIELDS, EXPORTER_COUNTERS, FIELD_IDS, is_profiling
 
     names = [name for name, _ in EXPORTER_COUNTERS]
     assert set(FIELD_IDS) == set(names) and len(set(FIELD_IDS.values())) == len(FIELD_IDS)
@@ -58,7 +58,7 @@ def test_the_dashboards_dcgm_metrics_are_in_the_field_list():
     # Every DCGM series a panel of dist/dashboards.k8s.yaml queries is one the check asks about.
     import re
 
-    from bench.harness.dcgm import FIELD_IDS
+    from harness.dcgm import FIELD_IDS
 
     # The panels' queries: charts/dashboards.py's own, and the dashboards it ships from charts/dashboards/.
     sources = [REPO / "charts" / "dashboards.py", *(REPO / "charts" / "dashboards").glob("*.json")]
@@ -68,7 +68,7 @@ def test_the_dashboards_dcgm_metrics_are_in_the_field_list():
 
 
 def test_dmon_rows_are_read_per_field_and_na_is_not_served():
-    from bench.harness.dcgm import arrived, parse_dmon
+    from harness.dcgm import arrived, parse_dmon
 
     fields = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"]
     out = ("#Entity   GPUTL  TENSO  DRAMA\nID\nGPU 0     97     0.812  N/A\nGPU 1     0      0.000  N/A\n"
@@ -82,7 +82,7 @@ def test_dmon_rows_are_read_per_field_and_na_is_not_served():
 
 
 def test_cap_eff_is_read_from_proc_status():
-    from bench.harness.dcgm import capabilities
+    from harness.dcgm import capabilities
 
     assert capabilities("Name:\tcat\nCapInh:\t0000000000000000\nCapEff:\t0000000000000000\n") == 0
     assert capabilities("CapEff:\t000001ffffffffff\n") & (1 << 21)  # CAP_SYS_ADMIN is bit 21

@@ -21,7 +21,7 @@ sources of the pinned versions:
   checkpoint.
 
 `collective_timeout_minutes` is 0.1 (6 s) here: long enough for the tiny job's legitimate waits, short
-enough for a test. The job is `tests.driver_run.JOB`, which scores the held-out set only on checkpoint steps (see
+enough for a test. The job is `harness.driver_run.JOB`, which scores the held-out set only on checkpoint steps (see
 there); the unbroken reference is the session's (conftest `reference_run`): the collective timeout does not
 change the weights.
 """
@@ -34,7 +34,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from tests.driver_run import JOB  # noqa: E402
+from harness.driver_run import HANG_AT, JOB  # noqa: E402
 from tests.test_train_ray import _assert_same_weights, _weights  # noqa: E402
 from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
@@ -44,7 +44,6 @@ pytestmark = pytest.mark.slow  # a real Ray cluster: `make check` leaves it out,
 # At a checkpoint the loss plot is drawn before `ray.train.report`, whose rank barrier (Ray's sync actor, not
 # gloo) has no collective timeout; JOB evaluates only there, so no rank-0-only work sits between two
 # collectives while the other rank waits in the second under the 6 s timeout.
-HANG_AT = 6  # after checkpoint 4, before checkpoint 8: the restart must resume from 4
 TIMEOUT_MINUTES = 0.1
 
 

@@ -1,5 +1,5 @@
 """The Hugging Face token on the job's side, offline: moto's Secrets Manager (IAM auth enforced) behind a
-Pod-Identity-style credential endpoint (tests/loopback.py), and a Hub stand-in on 127.0.0.1 reached
+Pod-Identity-style credential endpoint (harness/loopback.py), and a Hub stand-in on 127.0.0.1 reached
 through HF_ENDPOINT (tests/hub_server.py).
 
 * `install_token` gets the token through the endpoint into this process's HF_TOKEN, and its errors
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.loopback import PodIdentityEndpoint, only_policy, s3_policy
 from tests.helpers import REPO, cdk_app, write_variant
 from tests.hub_server import FakeHub
-from tests.loopback import PodIdentityEndpoint, only_policy, s3_policy
 
 pytestmark = pytest.mark.slow  # moto, the fake Hub, child processes and a Ray run: `make check` leaves it out
 

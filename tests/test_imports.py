@@ -17,7 +17,7 @@ from pathlib import Path
 from tests.helpers import REPO
 
 # The floors, bottom up: each top-level folder and the folders it may import. `harness` (shared by the benches and
-# the tests) may not exist yet; when it does, only `bench` and `tests` may import it.
+# the tests) is imported by `bench` and `tests` only; `bench` and `tests` never import each other.
 _BELOW_OPS = {"config", "tools", "workloads", "charts", "stacks"}
 MAY_IMPORT = {
     "config": set(),
@@ -28,7 +28,7 @@ MAY_IMPORT = {
     "ops": _BELOW_OPS,
     "harness": _BELOW_OPS | {"ops"},
     "bench": _BELOW_OPS | {"ops", "harness"},
-    "tests": _BELOW_OPS | {"ops", "harness", "bench"},
+    "tests": _BELOW_OPS | {"ops", "harness"},
 }
 PACKAGES = tuple(sorted(name for name in MAY_IMPORT if (REPO / name / "__init__.py").exists()))
 
@@ -110,6 +110,29 @@ def test_no_import_circles():
     assert cycles(import_graph()) == []
 
 
+# ---- tests and bench share harness/, never each other ----------------------------------------------------
+
+def crossings(graph: dict[str, set[str]], package: str, forbidden: set[str]) -> list[tuple[str, str]]:
+    """(module, target) for each import from `package` into one of the `forbidden` packages."""
+    return sorted((name, target) for name, targets in graph.items() if name.split(".")[0] == package
+                  for target in targets if target.split(".")[0] in forbidden)
+
+
+def test_crossings_are_found():
+    graph = {"bench.a": {"tests.loopback", "harness.loopback"}, "tests.b": {"harness.dcgm"}, "harness.c": set()}
+    assert crossings(graph, "bench", {"tests"}) == [("bench.a", "tests.loopback")]
+    assert crossings(graph, "tests", {"bench"}) == []
+
+
+def test_bench_and_tests_import_only_harness_of_each_other():
+    graph = import_graph()
+    # The graph sees both sides' edges into harness, lazy imports included.
+    assert "harness.loopback" in graph["bench.failure_times"] and "harness.mesh_steps" in graph["tests.test_topology"]
+    assert crossings(graph, "bench", {"tests"}) == []
+    assert crossings(graph, "tests", {"bench"}) == []
+    assert crossings(graph, "harness", {"tests", "bench"}) == []
+
+
 # ---- one way: config knows nothing of the floors above it ------------------------------------------------
 
 UPPER = ("workloads", "stacks", "charts", "ops")
@@ -173,32 +196,20 @@ def test_config_check_loads_no_module_of_the_floors_above():
 
 # ---- one way between all top-level folders -----------------------------------------------------------------------
 
-# The benches still borrow these from the tests (servers, runners, fuzz inputs); a shared `harness/` takes them over.
-# The list may shrink, never grow: a new bench helper goes below both.
-BENCH_ON_TESTS = {
-    ("bench.cluster_real", "tests.cluster_real.harness"),
-    ("bench.driver_kill_times", "tests.driver_run"),
-    ("bench.driver_kill_times", "tests.loopback"),
-    ("bench.failure_times", "tests.loopback"),
-    ("bench.hang_time", "tests.test_hang"),
-    ("bench.validation_fuzz", "tests.fuzz_files"),
-}
-
-
 def floor_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """(module, target) for each import across top-level folders that `MAY_IMPORT` does not allow."""
     return sorted((name, target) for name, targets in graph.items() for target in targets
                   if (src := name.split(".")[0]) != (dst := target.split(".")[0])
-                  and dst not in MAY_IMPORT.get(src, set()) and (name, target) not in BENCH_ON_TESTS)
+                  and dst not in MAY_IMPORT.get(src, set()))
 
 
 def test_floor_violations_are_found():
     graph = {"charts.ray": {"config.k8s", "stacks.versions"}, "tools.pins": {"ops.check"},
-             "stacks.cluster": {"tools.pins"}, "harness.x": {"tests.helpers"}, "bench.hang_time": {"tests.test_hang"},
+             "stacks.cluster": {"tools.pins"}, "harness.x": {"tests.helpers"}, "tests.a": {"bench.newcomer"},
              "bench.new": {"tests.loopback"}, "unknown.mod": {"config"}}
     assert floor_violations(graph) == [("bench.new", "tests.loopback"), ("charts.ray", "stacks.versions"),
-                                       ("harness.x", "tests.helpers"), ("tools.pins", "ops.check"),
-                                       ("unknown.mod", "config")]
+                                       ("harness.x", "tests.helpers"), ("tests.a", "bench.newcomer"),
+                                       ("tools.pins", "ops.check"), ("unknown.mod", "config")]
 
 
 def test_the_floors_form_no_circle():
@@ -223,9 +234,3 @@ def test_imports_run_one_way_between_all_top_level_folders():
     graph = import_graph()
     assert "ops.replacements" in graph["ops.check"] and "charts.crds" in graph["charts.validation"]
     assert floor_violations(graph) == []
-
-
-def test_the_benches_borrow_no_more_from_the_tests():
-    found = {(name, target) for name, targets in import_graph().items() if name.startswith("bench.")
-             for target in targets if target.startswith("tests.")}
-    assert found <= BENCH_ON_TESTS

@@ -99,8 +99,8 @@ def _job_sh(tmp_path, moto_server, overrides: dict | None = None):
 
     from charts import bundle
     from config import load_config
+    from harness.loopback import REGION, s3_policy
     from tests.helpers import REPO, write_variant
-    from tests.loopback import REGION, s3_policy
 
     bucket = moto_server.create_bucket(f"deadline-{tmp_path.name[-20:].lower().replace('_', '-')}")
     file = write_variant(tmp_path, {"storage": {"bucket_name": bucket}, **(overrides or {})})

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.loopback import SERVERS, Keys, PodIdentityEndpoint, StallingProxy, s3_policy, serve
+from harness.loopback import SERVERS, Keys, PodIdentityEndpoint, StallingProxy, s3_policy, serve
 
 pytestmark = pytest.mark.slow  # every test talks to a loopback server, moto in a child process
 

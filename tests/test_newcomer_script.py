@@ -1,10 +1,11 @@
-"""bench/newcomer.py's measuring parts: the README commands it runs, and the longest stretch without output."""
+"""bench/newcomer.py's measuring parts (harness/newcomer.py): the README commands it runs, and the longest
+stretch without output."""
 
 from __future__ import annotations
 
 import os
 
-from bench import newcomer
+from harness import newcomer
 from tests.helpers import REPO
 
 

@@ -36,6 +36,8 @@ from config.observability import (
     RAY_METRICS_PORT,
     RUN_NAME_LABEL,
 )
+from harness.loopback import PrometheusServer, prometheus_missing
+from harness.waiting import wait_for
 from stacks.observability import (
     EFA_SCRIPT,
     EFA_SIDECAR,
@@ -46,11 +48,9 @@ from stacks.observability import (
 from stacks.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK
 from tests.helm import template as helm_template
 from tests.helpers import REPO, write_variant
-from tests.loopback import PrometheusServer, prometheus_missing
 from tests.test_config import check, paths_of, refused
 from tests.test_security_charts import OPERATOR, STRANGER, _pod, admitted, ray_pods, selects
 from tests.vendored import ChartsUnavailable, chart_dir
-from tests.waiting import wait_for
 
 DEFAULT = REPO / "config" / "cluster.yaml"
 
@@ -485,7 +485,7 @@ def _gpu_node_exposition(sysfs: Path, hw: Path, out: Path, scrapes: list[int]) -
 @pytest.fixture(scope="module")
 def gpu_node(tmp_path_factory):
     """The loopback "GPU node" (its exporters' series), as a scrape config for the test's Prometheus."""
-    from tests.loopback import ThreadedHTTPServer
+    from harness.loopback import ThreadedHTTPServer
     from tests.test_efa_counters import EFA_DEVICE, FIRST, _rdma_device
 
     root = tmp_path_factory.mktemp("gpu-node")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from config.versions import CLUSTER_AUTOSCALER_CHARTS
+from harness.loopback import ThreadedHTTPServer
 from tests.helpers import REPO
-from tests.loopback import ThreadedHTTPServer
 from tools import pins
 
 SMALL = "aws-efa-k8s-device-plugin-v0.5.30"

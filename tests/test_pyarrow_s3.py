@@ -1,7 +1,7 @@
 """pyarrow's S3 filesystem takes Pod Identity credentials, in the pinned pyarrow and the oldest the image could carry.
 
 Each interpreter runs tests/pyarrow_s3_probe.py with nothing but the credential endpoint in its
-environment (tests/loopback.py), against moto's server with auth enforced. The oldest (24.0.0, from
+environment (harness/loopback.py), against moto's server with auth enforced. The oldest (24.0.0, from
 aws/deep-learning-containers docker/ray-train/uv.lock at e0ecedea6a) lives in `.venv-pyarrow-oldest`
 (`make pyarrow-oldest`); see requirements.txt for why the image's own pin is not known.
 """
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from harness.loopback import PodIdentityEndpoint, s3_policy
 from tests.helpers import REPO
-from tests.loopback import PodIdentityEndpoint, s3_policy
 
 pytestmark = pytest.mark.slow  # pyarrow in child processes against moto: `make check` leaves it out
 

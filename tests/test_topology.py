@@ -1,6 +1,6 @@
 """Topology-aware sharding: the mesh from the variable file, the placement check, and a real 4-rank run.
 
-The multi-rank tests run the real `train_step` on gloo processes (`bench.harness.mesh_steps`):
+The multi-rank tests run the real `train_step` on gloo processes (`harness.mesh_steps`):
 full vs hybrid sharding, resume of a full-sharding checkpoint under hybrid and under another
 world size, and the collective byte accounting against known collectives and the analytic count.
 """
@@ -175,7 +175,7 @@ def runs(tmp_path_factory):
     """Rank 0's reports of: full and hybrid (3 steps each, checkpoint after 2; with AdamW and with SGD),
     step 3 resumed from the full checkpoint under hybrid and from the hybrid one under full, all on 4
     ranks as 2 nodes x 2; and step 3 resumed from the full checkpoint by 2 ranks."""
-    from bench.harness.mesh_steps import launch, read
+    from harness.mesh_steps import launch, read
     from workloads.fsdp_finetune.local_assets import prepare_local_assets
 
     root = tmp_path_factory.mktemp("mesh")

@@ -2,7 +2,7 @@
 
 Runs are shared across assertions to keep the module to a few minutes on two cores:
 
-* `reference`: uninterrupted (conftest `reference_run`, the session's one unbroken run of `tests.driver_run.JOB`,
+* `reference`: uninterrupted (conftest `reference_run`, the session's one unbroken run of `harness.driver_run.JOB`,
   the reference of every failure path); learning, metrics, export and logits are checked on it here.
 * `fault`: the last worker kills itself once mid-run; FailureConfig restarts the group, which
   resumes from the latest checkpoint; the final weights must equal the reference's bit for bit.
@@ -19,7 +19,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from tests.driver_run import JOB  # noqa: E402
+from harness.driver_run import JOB  # noqa: E402
 from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
 from workloads.fsdp_finetune.train import checkpoint_staging_dir  # noqa: E402

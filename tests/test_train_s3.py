@@ -1,9 +1,9 @@
 """The storage path as it runs on the cluster, offline: moto's S3 server (IAM auth enforced) and a
-Pod-Identity-style credential endpoint as the only source of credentials (tests/loopback.py).
+Pod-Identity-style credential endpoint as the only source of credentials (harness/loopback.py).
 
 * the driver's storage check (`storage_check`) round-trips one object through pyarrow's S3
   filesystem, as Ray Train will, and names the cause when the token or the policy is wrong;
-* a kill during a checkpoint upload: a real local Ray Train run (a driver process, `tests/driver_run.py`)
+* a kill during a checkpoint upload: a real local Ray Train run (a driver process, `harness/driver_run.py`)
   checkpoints to s3:// through `StallingProxy`, which holds checkpoint 8's upload; the driver's whole
   process group is SIGKILLed while it is held, and a rerun under the same name resumes from checkpoint 4,
   the last complete one (the one the checkpoint manager's snapshot in S3 names), never the partial 8, and
@@ -22,14 +22,14 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray runs against the local S3 server: `make check` leaves it out
 
-from tests import driver_run  # noqa: E402
-from tests.driver_run import SNAPSHOT  # noqa: E402
-from tests.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
+from harness import driver_run  # noqa: E402
+from harness.driver_run import SNAPSHOT  # noqa: E402
+from harness.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
 from workloads.fsdp_finetune.storage_check import storage_problem  # noqa: E402
 from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
 
 BUCKET = "train-s3-path"
-HELD = "checkpoint_step_0000008"  # the upload the proxy holds (tests/driver_run.py JOB: checkpoints 4, 8, 12)
+HELD = "checkpoint_step_0000008"  # the upload the proxy holds (harness/driver_run.py JOB: checkpoints 4, 8, 12)
 COMPLETE = "checkpoint_step_0000004"  # the last checkpoint whose upload completed before the kill
 COMPLETE_STEP = 4
 HOLD_WAIT_S = 300.0  # driver start, Ray start, model build and 8 steps on a loaded two-core machine

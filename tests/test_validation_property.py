@@ -1,4 +1,4 @@
-"""Property: `config check`'s verdict holds up on files pushed to the edges of the model (tests/fuzz_files.py).
+"""Property: `config check`'s verdict holds up on files pushed to the edges of the model (harness/fuzz_files.py).
 
 Fixed seeds only (hypothesis `derandomize`), so the suite is deterministic: every refused file exits 2 naming
 the file and the field, with no traceback; the first accepted files build as a deploy would (CDK synth with
@@ -12,7 +12,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.fuzz_files import deploys, refusal_problems, variable_files, verdict, write
+from harness.fuzz_files import deploys, refusal_problems, variable_files, verdict, write
 
 # Each drawn file goes through the config CLI; the accepted ones through CDK and cdk8s synth.
 pytestmark = pytest.mark.slow

@@ -16,11 +16,11 @@ Adding a chart: one row in the table of tools/pins.py (with the digest `python -
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from charts.errors import ChartError
+from config.errors import run_cli
 from config.loader import REPO_ROOT
 from tools import pins
 
@@ -87,16 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.digest:
         print(tree_digest(args.digest))
         return 0
-    try:
-        for name in CHARTS:
-            chart_dir(name)
-        for name in FILES:
-            file_path(name)
-    except ChartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    for name in CHARTS:
+        chart_dir(name)
+    for name in FILES:
+        file_path(name)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

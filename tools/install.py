@@ -203,4 +203,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Not `config.errors.run_cli`: this runs under the system python3 before the venv exists, and `config` needs
+    # pydantic; a SystemExit with a message prints it and exits 1, the same contract.
     raise SystemExit(main())

@@ -65,7 +65,10 @@ DOWNLOAD_THREADS = 8
 
 
 class PinError(Exception):
-    """A pinned artifact could not be provided."""
+    """A pinned artifact could not be provided.
+
+    Not a `config.errors.UserError`: CI runs `python3 -m tools.pins` before any package is installed, and importing
+    `config` needs pydantic and PyYAML. Callers inside the project turn it into one (`tests/vendored.py`)."""
 
 
 class PinMismatch(PinError):
@@ -477,4 +480,4 @@ def main(argv: Iterable[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main())  # not config.errors.run_cli: see PinError

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 from config.k8s import ROLE_LABEL, WORKER_GROUP_LABEL
+from harness.waiting import wait_for
 from tests import k8s_lab
-from tests.waiting import wait_for
 
 # The PodMonitor CRD comes with kube-prometheus-stack, which the cluster stack installs before the manifests are
 # applied (stacks: observability); the lab has only KubeRay's CRDs.

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.waiting import kill_session, wait_for
 from tests.ray_head import SLOW_START_ENV
-from tests.waiting import kill_session, wait_for
 
 RAY = Path(sys.executable).with_name("ray")
 DASHBOARD_PORT = 8265

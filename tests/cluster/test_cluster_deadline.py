@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.waiting import wait_for
 from tests.cluster import deploy
 from tests.cluster.conftest import CLUSTER_MARKS, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
@@ -46,7 +47,6 @@ from tests.cluster.test_cluster_scenarios import (
     submitter_pods,
     wait_job,
 )
-from tests.waiting import wait_for
 
 pytestmark = CLUSTER_MARKS
 

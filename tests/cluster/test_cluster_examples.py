@@ -9,9 +9,9 @@ import sys
 import pytest
 import yaml
 
+from harness.waiting import wait_for
 from tests.cluster import deploy
 from tests.cluster.conftest import CLUSTER_MARKS, CONFIGS, REPO, synthesized
-from tests.waiting import wait_for
 
 pytestmark = CLUSTER_MARKS
 

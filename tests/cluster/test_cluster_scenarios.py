@@ -18,11 +18,11 @@ import time
 
 import pytest
 
+from harness.waiting import wait_for
 from ops.stop import stop
 from tests.cluster import deploy
 from tests.cluster.conftest import CLUSTER_MARKS, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
-from tests.waiting import wait_for
 
 pytestmark = CLUSTER_MARKS
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from config import load_config
+from harness.waiting import kill_session, wait_for
 from tests.cluster import deploy
 from tests.cluster.conftest import CLUSTER_MARKS, REPO, deployed_base, record, synthesize_variant
 from tests.cluster.ray_netns import ray_head
@@ -35,7 +36,6 @@ from tests.cluster.test_cluster_scenarios import (
     submitter_pods,
     wait_job,
 )
-from tests.waiting import kill_session, wait_for
 
 pytestmark = CLUSTER_MARKS
 

@@ -30,32 +30,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.waiting import wait_for
+# `available` is re-exported: the test skips on it, bench/cluster_real.py asks harness.cluster_real directly.
+from harness.cluster_real import LAB_SCRIPT, NODE_SCRIPT, REPO, available  # noqa: F401
+from harness.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("CLUSTER_REAL_SHARED", REPO.parent / "shared"))
-LAB_SCRIPT = SHARED / "k8s" / "lab"
-NODE_SCRIPT = SHARED / "k8s-node" / "node"
 CACHE = REPO / ".cache" / "cluster-real"
 NODE_IP = "10.244.0.1"
 NAMESPACE = "ray"
-HOW_TO_GET = (
-    "make cluster-real needs ../shared/k8s (the control plane + KubeRay 1.7.0 lab) and ../shared/k8s-node (kubelet "
-    "v1.34.9, kube-proxy, kubectl and the pause image), as root, with Debian's docker.io containernetworking-plugins "
-    "dnsmasq-base iptables debootstrap xz-utils (docs/cluster-tier.md)")
-
-
-def available() -> str | None:
-    """Why the tier cannot run here (None: it can)."""
-    if not (LAB_SCRIPT.is_file() and NODE_SCRIPT.is_file()):
-        return f"no {LAB_SCRIPT} or {NODE_SCRIPT}: {HOW_TO_GET}"
-    if os.geteuid() != 0:
-        return f"not root: {HOW_TO_GET}"
-    missing = [p for p in ("containerd", "runc", "ctr", "dnsmasq", "iptables", "debootstrap")
-               if not any((Path(d) / p).exists() for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin"])]
-    if missing or not Path("/usr/lib/cni/bridge").exists():
-        return f"missing {', '.join(missing) or 'CNI plugins'}: {HOW_TO_GET}"
-    return None
 
 
 def _run(args: list[str], *, env: dict | None = None, timeout: float = 300, check: bool = True) -> str:

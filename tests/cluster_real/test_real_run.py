@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.waiting import wait_for
 from tests import k8s_lab
 from tests.cluster_real import harness, image, substitutions
 from tests.cluster_real.harness import NAMESPACE, S3, Lab, Node, Timeline, wait
-from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster_real]
 

@@ -129,7 +129,7 @@ class Tier:
         self.timings[name] = time.monotonic() - start
 
     def _start(self) -> None:
-        from tests.loopback import MotoServer
+        from harness.loopback import MotoServer
 
         t = time.monotonic()
         self.image = image_mod.build(log=self.log)

@@ -24,8 +24,7 @@ import yaml
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from config import ClusterConfig
-from tests.helpers import default_data
+from config import DEFAULT_FILE, ClusterConfig
 
 # Warnings cfn-lint may give on this project's templates, each for the reason in tests/test_stacks_compliance.py.
 ACCEPTED_WARNINGS = {"W3005", "W3010"}
@@ -110,7 +109,7 @@ LEAVES = leaves()
 @st.composite
 def variable_files(draw, max_mutations: int = 3) -> tuple[dict, list[str]]:
     """(data, mutated dotted paths): the default file with 1..max_mutations fields set to edge values."""
-    data = default_data()
+    data = yaml.safe_load(DEFAULT_FILE.read_text())
     mutated = []
     for _ in range(draw(st.integers(1, max_mutations))):
         leaf = draw(st.sampled_from(LEAVES))
@@ -185,9 +184,10 @@ def deploys(path: Path, workdir: Path) -> list[str]:
     problems = []
     outdir = Path(tempfile.mkdtemp(prefix="cdk-", dir=workdir))
     try:
-        from tests.helpers import cdk_app
+        from ops.context import CDK_JSON, new_app
 
-        app = cdk_app(outdir=str(outdir))
+        # What tests.helpers.cdk_app gives the tests: cdk.json's context, as `cdk synth` reads it.
+        app = new_app(cdk_json=CDK_JSON, outdir=str(outdir))
         build(app, config)
         app.synth()
     except Exception as exc:  # noqa: BLE001 - jsii raises a generic error

@@ -189,7 +189,7 @@ class MotoServer:
         # other request thread queued behind it: moto answered nothing more (seen with py-spy after ~600
         # requests; it looked like a wedge after a killed upload).
         self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.loopback", "moto"], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.loopback", "moto"], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                      start_new_session=True)
         info = json.loads(_read_line(self.proc, START_TIMEOUT_S, self._stderr))
@@ -947,4 +947,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["moto"]:
         _moto_child()
     else:
-        sys.exit(f"usage: python -m tests.loopback moto (got {sys.argv[1:]})")
+        sys.exit(f"usage: python -m harness.loopback moto (got {sys.argv[1:]})")

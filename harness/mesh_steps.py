@@ -2,7 +2,7 @@
 
 One process per rank, each started as
 
-    python -m bench.harness.mesh_steps SPEC.json   (env RANK, WORLD_SIZE, and MASTER_ADDR + MASTER_PORT
+    python -m harness.mesh_steps SPEC.json   (env RANK, WORLD_SIZE, and MASTER_ADDR + MASTER_PORT
                                                     or MESH_STEPS_INIT_METHOD=file://STORE)
 
 so a launcher can put ranks in different network namespaces (`bench/two_node.py`) or on one
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def global_batch(step: int, *, rows: int, seq: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,7 +186,7 @@ def launch(spec: dict, *, world: int, prefix=lambda rank: [], env=lambda rank: {
     for rank in range(world):
         rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), **rendezvous, "PYTHONPATH": str(REPO),
                     "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **env(rank)}
-        procs.append(subprocess.Popen([*prefix(rank), sys.executable, "-m", "bench.harness.mesh_steps",
+        procs.append(subprocess.Popen([*prefix(rank), sys.executable, "-m", "harness.mesh_steps",
                                        str(spec_path)], env=rank_env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout_s

@@ -115,7 +115,7 @@ def samples(value: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `--dcgm` flags of bench/gpu_throughput.py."""
     group = parser.add_argument_group("--dcgm", "dcgm-exporter without SYS_ADMIN: which fields a capability-less "
-                                      "client gets from a DCGM host engine (bench/harness/dcgm.py)")
+                                      "client gets from a DCGM host engine (harness/dcgm.py)")
     group.add_argument("--dcgm", action="store_true",
                        help="run the DCGM check instead of the throughput benchmark (needs a GPU and DCGM)")
     group.add_argument("--dcgm-hostengine", type=hostengine_address, default=None, metavar="HOST:PORT",

@@ -1,6 +1,6 @@
 """A driver process for the driver-kill tests: its own local Ray cluster, one fit() of a tiny job.
 
-    python -m tests.driver_run OUTPUT_DIR RUN_NAME [--assets DIR] [--storage s3://BUCKET/PREFIX]
+    python -m harness.driver_run OUTPUT_DIR RUN_NAME [--assets DIR] [--storage s3://BUCKET/PREFIX]
                                [--gate CHECKPOINT --gate-marker FILE]
 
 The tests run it in a new process group and SIGKILL the whole group mid-run (driver, its local Ray cluster,
@@ -12,7 +12,7 @@ The kill lands at a known point, not by timing: with `--gate`, rank 0 stops righ
 to Ray (`gated_train_func`), writes FILE and waits there until it is killed. Its upload and Ray's
 registration of that checkpoint go on in Ray's own threads; rank 1 waits for rank 0 at the next step's
 collective. So no step after CHECKPOINT is trained, and the test kills once it has seen what it waits for
-(the checkpoint registered, or its upload held by `tests.loopback.StallingProxy`). The gate lives here, in
+(the checkpoint registered, or its upload held by `harness.loopback.StallingProxy`). The gate lives here, in
 the test's driver, and wraps the product's `train_func`: nothing in `workloads/` reads it.
 
 The functions below the entry point start, wait for and kill such a driver from a test.
@@ -35,6 +35,9 @@ from pathlib import Path
 # wait in the second, which a short collective timeout (test_hang.py) must not see. report_every 2.
 JOB = dict(seq_len=64, micro_batch_size=4, global_batch_size=16, max_steps=12, warmup_steps=2,
            checkpoint_every=4, report_every=2, eval_every=4, learning_rate=3e-3)
+# The hang tests' (tests/test_hang.py) and bench/hang_time.py's step at which the last rank stops: after checkpoint 4,
+# before checkpoint 8, so the restart must resume from 4.
+HANG_AT = 6
 GATE_TIMEOUT_S = 600.0  # a gate the test never kills releases (and fails the run) after this
 RUN_TIMEOUT_S = 600.0  # one driver from start to its exit, on a loaded two-core machine
 REPO = Path(__file__).resolve().parent.parent
@@ -73,7 +76,7 @@ def gated_train_func(config: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.driver_run")
+    parser = argparse.ArgumentParser(prog="python -m harness.driver_run")
     parser.add_argument("out")
     parser.add_argument("name")
     parser.add_argument("--assets", default=None, help="the local job's model and data (default: OUTPUT_DIR/assets)")
@@ -96,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     extra = {}
     if args.gate:
         # build_trainer takes `train_func` from this module when it builds the trainer; Ray pickles the
-        # wrapper by reference (tests.driver_run.gated_train_func) and its workers import it from the repo,
+        # wrapper by reference (harness.driver_run.gated_train_func) and its workers import it from the repo,
         # which Ray puts on their path (the driver's working directory: ray/_private/worker.py, 2.58.0).
-        from tests.driver_run import gated_train_func as gated
+        from harness.driver_run import gated_train_func as gated
 
         train.train_func = gated
         extra["test_gate"] = {"after": args.gate, "marker": str(Path(args.gate_marker).resolve())}
@@ -110,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
 # ---- for the tests --------------------------------------------------------------------------------------------
 
 def start(out: Path, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """`python -m tests.driver_run out name *args` in a new process group, its output in out/<name>-driver.log."""
+    """`python -m harness.driver_run out name *args` in a new process group, its output in out/<name>-driver.log."""
     env = {**(os.environ if env is None else env), "RAY_USAGE_STATS_ENABLED": "0"}
     with (out / f"{name}-driver.log").open("ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "tests.driver_run", str(out), name, *args], cwd=REPO,
+        return subprocess.Popen([sys.executable, "-m", "harness.driver_run", str(out), name, *args], cwd=REPO,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -176,8 +179,8 @@ def wait_exit(proc: subprocess.Popen, out: Path, name: str, timeout_s: float = R
 
 def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen | None = None,
              out: Path | None = None, name: str = "", interval_s: float = 0.1) -> None:
-    """`tests.waiting.wait_for` that fails at once when `proc` (the driver) has ended, with the driver's log tail."""
-    from tests.waiting import wait_for as wait
+    """`harness.waiting.wait_for` that fails at once when `proc` (the driver) has ended, with the driver's log tail."""
+    from harness.waiting import wait_for as wait
 
     def ready():
         if proc is not None and proc.poll() is not None:
