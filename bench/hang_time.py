@@ -60,7 +60,9 @@ def main() -> int:
     import ray
 
     from tests.test_hang import HANG_AT, JOB
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)

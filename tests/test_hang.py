@@ -36,8 +36,9 @@ ray = pytest.importorskip("ray")
 
 from tests.driver_run import JOB  # noqa: E402
 from tests.test_train_ray import _assert_same_weights, _weights  # noqa: E402
-from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
+from workloads.fsdp_finetune.run_plan import local_plan  # noqa: E402
+from workloads.fsdp_finetune.trainer import build_trainer, run_training  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a real Ray cluster: `make check` leaves it out, the full suite runs it
 

@@ -84,7 +84,7 @@ def test_the_graph_sees_the_known_edges():
     graph = import_graph()
     assert "stacks.nag" in graph["stacks.assembly"]
     assert "workloads.local_ray" in graph["workloads.preflight.runner"]
-    assert "workloads.preflight" in graph["workloads.fsdp_finetune.launch"]  # a lazy import, inside a function
+    assert "workloads.preflight" in graph["workloads.fsdp_finetune.cluster_job"]  # a lazy import, inside a function
 
 
 def test_cycles_are_found():

@@ -20,9 +20,11 @@ import torch
 ray = pytest.importorskip("ray")
 
 from tests.driver_run import JOB  # noqa: E402
-from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training  # noqa: E402
+from workloads.fsdp_finetune.local_demo import evaluate_dir  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
+from workloads.fsdp_finetune.run_plan import local_plan  # noqa: E402
 from workloads.fsdp_finetune.train import checkpoint_staging_dir  # noqa: E402
+from workloads.fsdp_finetune.trainer import run_training  # noqa: E402
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
@@ -176,7 +178,7 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root, drive
 
 def test_rerun_with_fewer_steps_is_refused_before_workers_start(reference):
     """The finished 12-step run has checkpoint_step_0000012 in storage: max_steps=8 under its name is refused."""
-    from workloads.fsdp_finetune.launch import LOCAL_SOURCE, latest_checkpoint_step, resume_problem
+    from workloads.fsdp_finetune.settings import LOCAL_SOURCE, latest_checkpoint_step, resume_problem
 
     plan, _, _ = reference
     assert latest_checkpoint_step(plan.storage_path, plan.job.run_name) == 12

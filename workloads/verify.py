@@ -49,7 +49,7 @@ SUBMITTER_CONTAINER = "ray-job-submitter"
 ORIGIN_LABEL = "ray.io/originated-from-cr-name"
 """KubeRay 1.7.0 labels the submitter pods with the RayJob's name (rayjob_controller.go getSubmitterTemplate)."""
 STAGE_MARKER = "JOB_STAGE"
-"""The driver prints `JOB_STAGE <stage>` as it enters each stage (workloads.fsdp_finetune.launch)."""
+"""The driver prints `JOB_STAGE <stage>` as it enters each stage (workloads.fsdp_finetune.cluster_job)."""
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
 # zero desired pods there is normal.
 _NVIDIA_EXCLUDE = ("mps-control",)

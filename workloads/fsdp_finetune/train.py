@@ -378,7 +378,7 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
             restored = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler,
                                        device=device)
         step = start_step = restored["step"]
-        # The driver refuses this before starting workers (launch.resume_problem) when it can read
+        # The driver refuses this before starting workers (settings.resume_problem) when it can read
         # the storage; this is the backstop.
         conflict = resume_conflict(step, job["max_steps"], job["run_name"])
         if conflict:

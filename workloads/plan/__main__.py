@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_prediction(plan: dict, path: str, *, run_name: str) -> None:
-    """The plan's throughput and MFU as the training driver reads them (`launch.read_plan_prediction`)."""
+    """The plan's throughput and MFU as the training driver reads them (`run_plan.read_plan_prediction`)."""
     from pathlib import Path
 
     prediction = {"run_name": run_name, "tokens_per_s": plan["tokens_per_s"], "mfu": plan["predicted_mfu"]}
