@@ -106,4 +106,6 @@ def online_token(config) -> tuple[str | None, bool, str | None]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from config.errors import run_cli
+
+    run_cli(main)
