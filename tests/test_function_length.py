@@ -50,7 +50,8 @@ def long_functions(root: Path, limit: int = LIMIT) -> list[str]:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = logic_length(node, code)
                 if length > limit:
-                    found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno} {node.name} ({length} lines)")
+                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                    found.append(f"{where}:{node.lineno} {node.name} ({length} lines)")
     return found
 
 
