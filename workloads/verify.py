@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from config.cli import add_file_argument, chosen_file
+from config.errors import UserError
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
 from config.k8s import EFA_RESOURCE as EFA
 from config.k8s import GPU_RESOURCE as GPU
@@ -567,17 +567,14 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_or_exit(chosen_file(parser, args))
     if config.target == "ec2":
-        print("verify: target: ec2 has no Kubernetes to read; run python -m workloads.verify_ec2 (docs/ec2.md)",
-              file=sys.stderr)
-        return 2
+        raise UserError("verify: target: ec2 has no Kubernetes to read; run python -m workloads.verify_ec2 "
+                        "(docs/ec2.md)")
     try:
         snapshot = gather(config, kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
     except Exception as exc:  # noqa: BLE001 - any client/config error means we could not look
-        print(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
-              f"  fix: aws eks update-kubeconfig --name {config.cluster.name} --region {config.region}, "
-              "or pass --kubeconfig",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
+                        f"  fix: aws eks update-kubeconfig --name {config.cluster.name} --region {config.region}, "
+                        "or pass --kubeconfig") from None
     rows = evaluate(config, **snapshot)
     print(render(rows))
     return 1 if failed(rows) else 0
