@@ -154,3 +154,23 @@ def test_config_check_loads_no_module_of_the_floors_above():
     assert proc.returncode == 0, proc.stderr
     assert "sharding hybrid" in proc.stdout
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+# ---- one way inside workloads: the driver floor of fsdp_finetune sits on top (its package docstring) --------
+
+DRIVER_FLOOR = tuple(f"workloads.fsdp_finetune.{name}" for name in
+                     ("run_plan", "settings", "trainer", "local_demo", "cluster_job", "launch", "__main__"))
+DRIVER_ORDER = DRIVER_FLOOR[:-1]  # each may import the ones before it, never one after
+
+
+def test_nothing_below_the_driver_floor_imports_it():
+    graph = import_graph()
+    below = [name for name in graph if name.startswith("workloads.")
+             and name not in DRIVER_FLOOR and name != "workloads.preflight.__main__"]
+    assert [(name, target) for name in below for target in graph[name] if target in DRIVER_FLOOR] == []
+
+
+def test_the_driver_floor_imports_one_way():
+    graph = import_graph()
+    assert [(name, target) for i, name in enumerate(DRIVER_ORDER)
+            for target in graph[name] if target in DRIVER_ORDER[i + 1:]] == []
