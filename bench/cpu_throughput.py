@@ -79,8 +79,10 @@ def bare_loop(job: dict, accum: int, steps: int, window: int) -> list[float]:
 
 def workload(root: Path, steps: int, window: int):
     """Tokens/s per report window of the workload through Ray Train (and its job)."""
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
     from workloads.fsdp_finetune.metrics import read_metrics
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     # Held-out loss only after the last step: extra mid-run reports would cut the windows short.
     plan, _ = local_plan(root / "ray", assets_dir=root / "assets", max_steps=steps, report_every=window,

@@ -49,7 +49,10 @@ def main() -> int:
 
     import ray
 
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.train_hooks import KillOnceAt
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
@@ -74,7 +77,7 @@ def main() -> int:
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         started = time.time()
-        run_training(plan, fail_at_step=10, fail_marker=str(marker))
+        run_training(plan, hooks=KillOnceAt(10, str(marker)))
         watcher.join(timeout=60)
         figures["worker_killed_to_training_s"] = found.get("s")
         figures["worker_killed_run_total_s"] = round(time.time() - started, 1)
@@ -83,7 +86,7 @@ def main() -> int:
         plan, _ = local_plan(root / "abort", assets_dir=root / "assets", run_name="abort", max_failures=0, **JOB)
         marker = root / "abort.killed"
         try:
-            result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+            result = run_training(plan, hooks=KillOnceAt(10, str(marker)))
             if result.error:
                 raise result.error
         except Exception:  # noqa: BLE001 - the expected failure
@@ -93,7 +96,7 @@ def main() -> int:
         watcher = threading.Thread(target=lambda: holder.update(s=_first_record_after(Path(plan.metrics_path), t0)),
                                    daemon=True)
         watcher.start()
-        run_training(plan, fail_at_step=10, fail_marker=str(marker))
+        run_training(plan, hooks=KillOnceAt(10, str(marker)))
         watcher.join(timeout=60)
         figures["rerun_to_training_s"] = None if holder.get("s") is None else holder["s"] - t0
     finally:

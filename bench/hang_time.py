@@ -3,7 +3,7 @@
     python bench/hang_time.py [--out DIR] [--timeout-minutes 0.1]
 
 The job of tests/test_hang.py (`harness.driver_run.JOB`: 12 steps, a checkpoint every 4): the last rank stops
-before step 7's collectives (`hang_at_step=6`, `train._maybe_hang`); rank 0's all_reduce fails after
+before step 7's collectives (`hang_at_step=6`, `train_hooks.HangOnceAt`); rank 0's all_reduce fails after
 `collective_timeout_minutes`, Ray Train restarts the group, which resumes from checkpoint 4.
 Printed (one JSON line):
 
@@ -60,7 +60,10 @@ def main() -> int:
     import ray
 
     from harness.driver_run import HANG_AT, JOB
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.train_hooks import HangOnceAt
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
@@ -84,7 +87,7 @@ def main() -> int:
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         started = time.time()
-        result = run_training(plan, hang_at_step=HANG_AT, hang_marker=str(marker))
+        result = run_training(plan, hooks=HangOnceAt(HANG_AT, str(marker)))
         total = time.time() - started
         watcher.join(timeout=60)
     finally:

@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     from workloads.fsdp_finetune import train
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     root = Path(args.out)
     plan, _ = local_plan(root / args.name, assets_dir=args.assets or root / "assets", run_name=args.name, **JOB)

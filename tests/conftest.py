@@ -59,7 +59,7 @@ def local_ray():
     """The workload's local Ray cluster (`start_local_ray`: 2 CPU workers and the controller) for one module's
     runs, shut down after it."""
     ray = pytest.importorskip("ray")
-    from workloads.fsdp_finetune.launch import start_local_ray
+    from workloads.local_ray import start_local_ray
 
     start_local_ray()
     yield
@@ -105,7 +105,9 @@ def reference_run(tmp_path_factory, driver_assets):
     """
     ray = pytest.importorskip("ray")
     from harness.driver_run import JOB
-    from workloads.fsdp_finetune.launch import local_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     out = tmp_path_factory.mktemp("reference")
     plan, assets = local_plan(out, assets_dir=driver_assets, run_name="reference", **JOB)

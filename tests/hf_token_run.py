@@ -2,7 +2,7 @@
 
 Run by tests/test_hf_token_job.py in a child process whose environment holds only what a pod has:
 the Pod-Identity-style credential endpoint, the S3/Secrets Manager endpoint, HF_ENDPOINT (the Hub
-stand-in) and no token. The driver's start-up (`launch.token_problems`) fetches the token; the
+stand-in) and no token. The driver's start-up (`settings.token_problems`) fetches the token; the
 workers fetch their own in `train_func`; the model comes from the Hub with it. Ray's session folder
 is SPEC["ray_dir"], so the test can search all of it. Prints one JSON line with what it saw.
 """
@@ -18,7 +18,9 @@ def main(spec_file: str) -> int:
     spec = json.loads(open(spec_file).read())
     import ray
 
-    from workloads.fsdp_finetune.launch import local_plan, refuse, run_training, token_problems, with_secret_arn
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.settings import refuse, token_problems, with_secret_arn
+    from workloads.fsdp_finetune.trainer import run_training
     from workloads.local_ray import LOCAL_WORKERS, loopback_only
 
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
@@ -46,4 +48,6 @@ def main(spec_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from config.errors import run_cli
+
+    run_cli(main, sys.argv[1])

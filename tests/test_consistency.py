@@ -139,7 +139,8 @@ def test_service_account_matches_pod_identity_association(name):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_scaling_config_matches_the_ray_cluster(name):
-    from workloads.fsdp_finetune.launch import build_trainer, cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
+    from workloads.fsdp_finetune.trainer import build_trainer
 
     config = synth(name).config
     scaling = build_trainer(cluster_plan(config, bucket="example-bucket")).scaling_config
@@ -153,7 +154,7 @@ def test_scaling_config_matches_the_ray_cluster(name):
 
 
 def test_workload_storage_lies_where_the_stacks_expire_and_keep_objects():
-    from workloads.fsdp_finetune.launch import cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
 
     result = synth("default")
     config = result.config

@@ -1,11 +1,11 @@
 """The demo's progress: its ETA is the rest of the steps at the pace of the steps seen (not diluted by the
-start-up), and a rerun keeps the previous runs' logs (workloads/fsdp_finetune launch.py `StepEta`, console.py
+start-up), and a rerun keeps the previous runs' logs (workloads/fsdp_finetune local_demo.py `StepEta`, console.py
 `keep_previous`)."""
 
 from __future__ import annotations
 
 from workloads.fsdp_finetune.console import KEPT_LOGS, RunLog
-from workloads.fsdp_finetune.launch import StepEta
+from workloads.fsdp_finetune.local_demo import StepEta
 
 
 def test_eta_is_the_remaining_steps_at_the_observed_pace_despite_a_slow_start():
@@ -49,7 +49,7 @@ def test_a_rerun_keeps_the_previous_logs(tmp_path):
 def test_a_quiet_step_prints_a_line_at_the_start_and_then_regularly(capsys):
     import time
 
-    from workloads.fsdp_finetune.launch import Heartbeat
+    from workloads.fsdp_finetune.local_demo import Heartbeat
 
     with Heartbeat("evaluating the model on 50 held-out questions", every_s=0.3):
         time.sleep(1.0)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # driver processes with their own Ray clusters: `
 
 from harness import driver_run  # noqa: E402
 from harness.driver_run import SNAPSHOT  # noqa: E402
-from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
+from workloads.fsdp_finetune.train_hooks import latest_in_snapshot as latest_registered  # noqa: E402
 
 CHECKPOINT = "checkpoint_step_0000004"  # the gate: rank 0 stops after reporting it
 RESUME_STEP = 4

@@ -259,7 +259,7 @@ def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_
     from harness.waiting import wait_for
     from tests.ec2_tier.finetune import RunInS3, Watch
     from tests.ec2_tier.tier import FINETUNE_FILE, REPO
-    from workloads.fsdp_finetune.launch import cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
 
     config = finetune.config
     plan = cluster_plan(config, bucket=config.storage.bucket_name)

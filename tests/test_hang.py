@@ -1,7 +1,7 @@
 """A hung collective on a real local Ray cluster (2 CPU workers, FSDP2 over gloo): it ends at the job's
 `collective_timeout_minutes` and Ray Train restarts the group, which resumes exactly.
 
-The last rank stops once before step 7's first collective (`train._maybe_hang`, a blocking wait that
+The last rank stops once before step 7's first collective (`train_hooks.HangOnceAt`, a blocking wait that
 only a kill ends); rank 0 enters that step's `all_reduce` and waits. How the hang surfaces, from the
 sources of the pinned versions:
 
@@ -36,8 +36,10 @@ ray = pytest.importorskip("ray")
 
 from harness.driver_run import HANG_AT, JOB  # noqa: E402
 from tests.test_train_ray import _assert_same_weights, _weights  # noqa: E402
-from workloads.fsdp_finetune.launch import build_trainer, local_plan, run_training  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
+from workloads.fsdp_finetune.run_plan import local_plan  # noqa: E402
+from workloads.fsdp_finetune.train_hooks import HangOnceAt  # noqa: E402
+from workloads.fsdp_finetune.trainer import build_trainer, run_training  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a real Ray cluster: `make check` leaves it out, the full suite runs it
 
@@ -62,7 +64,7 @@ def hung(local_ray, root, driver_assets):
     """The job whose last rank hangs at step 6 on the first attempt (the marker file keeps it to one)."""
     marker = root / "hung.marker"
     plan = _plan(root, driver_assets, "hung", max_failures=1, collective_timeout_minutes=TIMEOUT_MINUTES)
-    result = run_training(plan, hang_at_step=HANG_AT, hang_marker=str(marker))
+    result = run_training(plan, hooks=HangOnceAt(HANG_AT, str(marker)))
     return plan, marker, result
 
 

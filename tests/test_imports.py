@@ -99,7 +99,7 @@ def test_the_graph_sees_the_known_edges():
     graph = import_graph()
     assert "stacks.nag" in graph["stacks.assembly"]
     assert "workloads.local_ray" in graph["workloads.preflight.runner"]
-    assert "workloads.preflight" in graph["workloads.fsdp_finetune.launch"]  # a lazy import, inside a function
+    assert "workloads.preflight" in graph["workloads.fsdp_finetune.cluster_job"]  # a lazy import, inside a function
 
 
 def test_cycles_are_found():
@@ -234,3 +234,23 @@ def test_imports_run_one_way_between_all_top_level_folders():
     graph = import_graph()
     assert "ops.replacements" in graph["ops.check"] and "charts.crds" in graph["charts.validation"]
     assert floor_violations(graph) == []
+
+
+# ---- one way inside workloads: the driver floor of fsdp_finetune sits on top (its package docstring) --------
+
+DRIVER_FLOOR = tuple(f"workloads.fsdp_finetune.{name}" for name in
+                     ("run_plan", "settings", "trainer", "local_demo", "cluster_job", "launch", "__main__"))
+DRIVER_ORDER = DRIVER_FLOOR[:-1]  # each may import the ones before it, never one after
+
+
+def test_nothing_below_the_driver_floor_imports_it():
+    graph = import_graph()
+    below = [name for name in graph if name.startswith("workloads.")
+             and name not in DRIVER_FLOOR and name != "workloads.preflight.__main__"]
+    assert [(name, target) for name in below for target in graph[name] if target in DRIVER_FLOOR] == []
+
+
+def test_the_driver_floor_imports_one_way():
+    graph = import_graph()
+    assert [(name, target) for i, name in enumerate(DRIVER_ORDER)
+            for target in graph[name] if target in DRIVER_ORDER[i + 1:]] == []

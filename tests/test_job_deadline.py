@@ -74,8 +74,8 @@ def test_a_spent_deadline_ends_with_status_zero_so_kuberay_does_not_retry():
 
 def test_the_run_folder_is_the_drivers(tmp_path):
     from tests.helpers import load_variant
-    from workloads.fsdp_finetune.launch import cluster_plan
     from workloads.fsdp_finetune.run_folder import run_dir_of
+    from workloads.fsdp_finetune.run_plan import cluster_plan
 
     config = load_variant(tmp_path, {"storage": {"bucket_name": "runs-bucket"}})
     assert run_dir_of(config) == cluster_plan(config).run_dir

@@ -27,7 +27,8 @@ def test_the_lab_file_has_two_workers_on_logical_gpus():
 
 
 def test_logical_gpus_train_on_cpu_with_gloo_pinned_to_the_worker_pods():
-    from workloads.fsdp_finetune.launch import build_trainer, cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
+    from workloads.fsdp_finetune.trainer import build_trainer
 
     config = load_config(LAB_FILE)
     plan = cluster_plan(config, bucket="b")

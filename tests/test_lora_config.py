@@ -51,10 +51,13 @@ def test_bad_lora_fields_are_refused_naming_file_and_field(tmp_path, lora, expec
 def test_target_that_is_not_a_linear_layer_is_refused_with_the_names_that_are(tmp_path, capsys):
     """The plan checks job.lora.target_modules against the real architecture before simulating anything: exit 2,
     `FILE: job.lora.target_modules: ...` naming the missing one and the model's linear layers."""
+    from config.errors import run_cli
     from workloads.plan.__main__ import main
 
     file = write_variant(tmp_path, {"job": {"method": "lora", "lora": {"target_modules": ["q_proj", "qkv_proj"]}}})
-    assert main([str(file)]) == 2
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, [str(file)])
+    assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"{file}: job.lora.target_modules: 'qkv_proj' is not a linear layer of Qwen/Qwen2.5-1.5B" in err
     assert "its linear layers are named down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in err

@@ -507,7 +507,8 @@ def scraped_run(tmp_path_factory, config, gpu_node):
     if prometheus_missing():
         pytest.skip(prometheus_missing())
     ray = pytest.importorskip("ray")
-    from workloads.fsdp_finetune.launch import local_plan, run_training
+    from workloads.fsdp_finetune.run_plan import local_plan
+    from workloads.fsdp_finetune.trainer import run_training
     from workloads.local_ray import start_local_ray
 
     if ray.is_initialized():
@@ -645,7 +646,7 @@ def test_final_values_are_held_one_export_and_one_scrape_past_the_last_report():
 
 
 def test_the_cluster_plan_holds_for_the_files_scrape_interval(config, tmp_path):
-    from workloads.fsdp_finetune.launch import cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
 
     assert cluster_plan(config, bucket="b").scrape_interval_s == config.observability.scrape_interval_s
     off = load_config(write_variant(tmp_path, {"observability": {"enabled": False}}))
@@ -668,7 +669,7 @@ def test_gauges_stop_refreshing_on_close_on_every_rank(rank):
 def test_an_ec2_run_does_not_hold_its_last_metrics(config):
     """Only the EKS target has the metrics stack: on EC2 nothing scrapes, so the end of a run waits for nothing."""
     from config.target import with_target
-    from workloads.fsdp_finetune.launch import cluster_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan
 
     assert config.observability.enabled
     assert cluster_plan(with_target(config, "ec2"), bucket="b").scrape_interval_s is None

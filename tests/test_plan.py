@@ -167,10 +167,13 @@ def test_tiny_local_model_plan(tmp_path, capsys):
 def test_unknown_architecture_is_refused_unless_skipped(tmp_path, capsys):
     """In this process (`main` is what `python -m workloads.plan` exits with): the refusal comes before any
     simulation, so an interpreter start would be most of the test's time."""
+    from config.errors import run_cli
     from workloads.plan.__main__ import main
 
     file = write_variant(tmp_path, {"job": {"model": "someone/unknown-model-13b"}})
-    assert main([str(file)]) == 2
+    with pytest.raises(SystemExit) as exited:
+        run_cli(main, [str(file)])
+    assert exited.value.code == 2
     assert f"{file}: job.model: no architecture known" in capsys.readouterr().err
     assert main([str(file), "--skip-unknown"]) == 0
     assert f"{file}: job.model: no architecture known" in capsys.readouterr().err

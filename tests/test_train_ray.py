@@ -20,9 +20,12 @@ import torch
 ray = pytest.importorskip("ray")
 
 from harness.driver_run import JOB  # noqa: E402
-from workloads.fsdp_finetune.launch import evaluate_dir, local_plan, run_training  # noqa: E402
+from workloads.fsdp_finetune.local_demo import evaluate_dir  # noqa: E402
 from workloads.fsdp_finetune.metrics import read_metrics  # noqa: E402
+from workloads.fsdp_finetune.run_plan import local_plan  # noqa: E402
 from workloads.fsdp_finetune.train import checkpoint_staging_dir  # noqa: E402
+from workloads.fsdp_finetune.train_hooks import KillOnceAt  # noqa: E402
+from workloads.fsdp_finetune.trainer import run_training  # noqa: E402
 
 pytestmark = pytest.mark.slow  # `make check` leaves this module out (pyproject.toml markers)
 
@@ -145,7 +148,7 @@ def test_worker_killed_mid_run_is_restarted_and_resumes_exactly(reference, root,
     ref_plan, _, _ = reference
     marker = root / "fault.killed"
     plan, _ = _plan(root, driver_assets, "fault", max_failures=1, report_every=1)
-    result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+    result = run_training(plan, hooks=KillOnceAt(10, str(marker)))
     assert result.error is None
     assert marker.read_text().startswith("killed at step 10")
     records = read_metrics(plan.metrics_path)
@@ -159,14 +162,14 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root, drive
     marker = root / "abort.killed"
     plan, _ = _plan(root, driver_assets, "abort", max_failures=0)
     with pytest.raises(Exception):  # noqa: B017 - Ray's TrainingFailedError, whatever its module
-        result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+        result = run_training(plan, hooks=KillOnceAt(10, str(marker)))
         if result.error:
             raise result.error
     assert marker.exists()
     assert not os.path.exists(plan.export_uri)
     # Same name, same storage: Ray finds the run's checkpoints and the workers resume from the last one
     # (step 8: only checkpoints are reported, so none waits in a queue behind metric reports).
-    result = run_training(plan, fail_at_step=10, fail_marker=str(marker))
+    result = run_training(plan, hooks=KillOnceAt(10, str(marker)))
     assert result.error is None
     records = read_metrics(plan.metrics_path)
     assert [r["step"] for r in records] == [0, 2, 4, 6, 8, 10, 12]
@@ -176,7 +179,7 @@ def test_aborted_fit_rerun_with_same_name_resumes_exactly(reference, root, drive
 
 def test_rerun_with_fewer_steps_is_refused_before_workers_start(reference):
     """The finished 12-step run has checkpoint_step_0000012 in storage: max_steps=8 under its name is refused."""
-    from workloads.fsdp_finetune.launch import LOCAL_SOURCE, latest_checkpoint_step, resume_problem
+    from workloads.fsdp_finetune.settings import LOCAL_SOURCE, latest_checkpoint_step, resume_problem
 
     plan, _, _ = reference
     assert latest_checkpoint_step(plan.storage_path, plan.job.run_name) == 12

@@ -26,7 +26,7 @@ from harness import driver_run  # noqa: E402
 from harness.driver_run import SNAPSHOT  # noqa: E402
 from harness.loopback import PodIdentityEndpoint, StallingProxy, s3_policy  # noqa: E402
 from workloads.fsdp_finetune.storage_check import storage_problem  # noqa: E402
-from workloads.fsdp_finetune.train import latest_in_snapshot as latest_registered  # noqa: E402
+from workloads.fsdp_finetune.train_hooks import latest_in_snapshot as latest_registered  # noqa: E402
 
 BUCKET = "train-s3-path"
 HELD = "checkpoint_step_0000008"  # the upload the proxy holds (harness/driver_run.py JOB: checkpoints 4, 8, 12)

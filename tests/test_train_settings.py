@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from config.errors import run_cli
 from tests.helpers import write_variant
-from workloads.fsdp_finetune.launch import LOCAL_SOURCE, local_job, main, validate_job
+from workloads.fsdp_finetune.launch import main
 from workloads.fsdp_finetune.local_assets import prepare_local_assets
+from workloads.fsdp_finetune.run_plan import local_job
+from workloads.fsdp_finetune.settings import LOCAL_SOURCE, validate_job
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,7 @@ def _refused(tmp_path, capsys, overrides: dict, *extra: str) -> str:
 
     path = write_variant(tmp_path, {"job": overrides})
     with pytest.raises(SystemExit) as exc:
-        main(["--config", str(path), "--storage-path", str(tmp_path / "storage"), *extra])
+        run_cli(main, ["--config", str(path), "--storage-path", str(tmp_path / "storage"), *extra])
     assert exc.value.code == 2
     assert not ray.is_initialized()  # refused before any cluster (and so any worker) started
     assert not (tmp_path / "storage").exists()
@@ -54,7 +57,7 @@ def test_batch_that_cannot_be_split_across_cluster_ranks(tmp_path, capsys):
 
 def test_bad_max_steps_flag(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["--local", "--output-dir", str(tmp_path / "out"), "--max-steps", "0"])
+        run_cli(main, ["--local", "--output-dir", str(tmp_path / "out"), "--max-steps", "0"])
     assert exc.value.code == 2
     assert "job.max_steps" in capsys.readouterr().err
 
@@ -75,7 +78,8 @@ def test_local_world_size_is_rechecked(assets):
 def test_collective_timeout_and_tracking_reach_the_trainer(assets, tmp_path):
     """job.collective_timeout_minutes becomes TorchConfig's timeout; a cluster run's folder is by its checkpoints."""
     from config import load_config
-    from workloads.fsdp_finetune.launch import build_trainer, cluster_plan, local_plan
+    from workloads.fsdp_finetune.run_plan import cluster_plan, local_plan
+    from workloads.fsdp_finetune.trainer import build_trainer
 
     plan, _ = local_plan(tmp_path / "out", assets_dir=assets.model_dir.parent, collective_timeout_minutes=2.5)
     trainer = build_trainer(plan)

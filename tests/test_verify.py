@@ -26,6 +26,7 @@ from kubernetes.client import (
     V1SecretKeySelector,
 )
 
+from config.errors import run_cli
 from config.k8s import system_node_labels, worker_node_labels
 from tests.helpers import EXAMPLES, load_variant
 from workloads import verify
@@ -247,7 +248,9 @@ users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
 current-context: x
 """)
-        assert verify.main(["--kubeconfig", str(kubeconfig)]) == 2
+        with pytest.raises(SystemExit) as exited:
+            run_cli(verify.main, ["--kubeconfig", str(kubeconfig)])
+        assert exited.value.code == 2
     assert "cannot read the cluster" in capsys.readouterr().err
 
 

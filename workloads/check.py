@@ -38,4 +38,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from config.errors import run_cli
+
+    run_cli(main)

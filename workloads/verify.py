@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from config.cli import add_file_argument, chosen_file
+from config.errors import UserError
 from config.k8s import EFA_PRESENT_LABEL, GPU_PRESENT_LABEL, ROLE_LABEL, WORKER_GROUP_LABEL
 from config.k8s import EFA_RESOURCE as EFA
 from config.k8s import GPU_RESOURCE as GPU
@@ -49,7 +49,7 @@ SUBMITTER_CONTAINER = "ray-job-submitter"
 ORIGIN_LABEL = "ray.io/originated-from-cr-name"
 """KubeRay 1.7.0 labels the submitter pods with the RayJob's name (rayjob_controller.go getSubmitterTemplate)."""
 STAGE_MARKER = "JOB_STAGE"
-"""The driver prints `JOB_STAGE <stage>` as it enters each stage (workloads.fsdp_finetune.launch)."""
+"""The driver prints `JOB_STAGE <stage>` as it enters each stage (workloads.fsdp_finetune.cluster_job)."""
 # The NVIDIA chart also ships an MPS control daemon that only schedules on MPS-enabled nodes;
 # zero desired pods there is normal.
 _NVIDIA_EXCLUDE = ("mps-control",)
@@ -567,21 +567,20 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_or_exit(chosen_file(parser, args))
     if config.target == "ec2":
-        print("verify: target: ec2 has no Kubernetes to read; run python -m workloads.verify_ec2 (docs/ec2.md)",
-              file=sys.stderr)
-        return 2
+        raise UserError("verify: target: ec2 has no Kubernetes to read; run python -m workloads.verify_ec2 "
+                        "(docs/ec2.md)")
     try:
         snapshot = gather(config, kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
     except Exception as exc:  # noqa: BLE001 - any client/config error means we could not look
-        print(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
-              f"  fix: aws eks update-kubeconfig --name {config.cluster.name} --region {config.region}, "
-              "or pass --kubeconfig",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"verify: cannot read the cluster: {type(exc).__name__}: {exc}\n"
+                        f"  fix: aws eks update-kubeconfig --name {config.cluster.name} --region {config.region}, "
+                        "or pass --kubeconfig") from None
     rows = evaluate(config, **snapshot)
     print(render(rows))
     return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from config.errors import run_cli
+
+    run_cli(main)

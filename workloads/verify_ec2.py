@@ -9,10 +9,10 @@ plain dicts (the State API's node records, the Jobs API's job details), so they 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from config.catalog import load_catalog
 from config.cli import add_file_argument, chosen_file
+from config.errors import UserError
 from workloads.verify import Row, check_preflight, failed, parse_preflight_marker, render
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -99,14 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         snapshot = gather(address)
     except Exception as exc:  # noqa: BLE001 - any client error means we could not look
-        print(f"verify: cannot reach the Ray dashboard at {address}: {type(exc).__name__}: {exc}\n"
-              "  fix: ray dashboard out/ec2/cluster.yaml (in another shell), and export RAY_AUTH_MODE=token "
-              "RAY_AUTH_TOKEN=... (docs/ec2.md)", file=sys.stderr)
-        return 2
+        raise UserError(f"verify: cannot reach the Ray dashboard at {address}: {type(exc).__name__}: {exc}\n"
+                        "  fix: ray dashboard out/ec2/cluster.yaml (in another shell), and export RAY_AUTH_MODE=token "
+                        "RAY_AUTH_TOKEN=... (docs/ec2.md)") from None
     rows = evaluate(config, **snapshot)
     print(render(rows))
     return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from config.errors import run_cli
+
+    run_cli(main)

@@ -39,7 +39,7 @@ class RunInS3:
             return None
 
     def latest_checkpoint(self) -> str | None:
-        from workloads.fsdp_finetune.train import latest_in_snapshot
+        from workloads.fsdp_finetune.train_hooks import latest_in_snapshot
 
         return latest_in_snapshot(self._get(f"{self.run_dir}/{SNAPSHOT}"))
 

@@ -2,7 +2,7 @@
 
     python -m tests.ec2_tier.reference VARIABLE_FILE MODEL_DIR OUT_DIR
 
-The plan is `workloads.fsdp_finetune.launch.cluster_plan` of the variable file, the one the job's driver builds in
+The plan is `workloads.fsdp_finetune.run_plan.cluster_plan` of the variable file, the one the job's driver builds in
 the head container (same job, world size, sharding, ranks per node, seed), with three differences that change
 where things go, not what is trained: storage and export under OUT_DIR instead of the bucket, the model read from
 MODEL_DIR (the files the tier uploaded to where `job.model` points), and the workers placed by CPU alone on a local
@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from config import load_config
-    from workloads.fsdp_finetune.launch import cluster_plan, run_training, start_local_ray
+    from workloads.fsdp_finetune.run_plan import cluster_plan
+    from workloads.fsdp_finetune.trainer import run_training
+    from workloads.local_ray import start_local_ray
 
     config = load_config(args.file)
     job = config.job.model_copy(update={"model": str(args.model_dir.resolve())})

@@ -4,6 +4,8 @@ import sys
 import threading
 import time
 
+from config.errors import run_cli
+
 # Importing PyTorch, Transformers and Ray takes 10 s on an idle 2-core machine and minutes on a loaded one: the
 # local demo says so at once and then every 10 s, so its console never looks hung (bench/newcomer.py). Cluster
 # runs (no --local) print nothing extra: their driver log is read by tools.
@@ -21,4 +23,4 @@ if "--local" in sys.argv:
 from workloads.fsdp_finetune.launch import main  # noqa: E402 - after the message above
 
 _loaded.set()
-sys.exit(main())
+run_cli(main)

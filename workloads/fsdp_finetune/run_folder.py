@@ -22,5 +22,5 @@ def checkpoint_bucket(config) -> str:
 
 
 def run_dir_of(config) -> str:
-    """The run's folder, as `launch.cluster_plan` names it without `--storage-path`."""
+    """The run's folder, as `run_plan.cluster_plan` names it without `--storage-path`."""
     return f"{config.checkpoint_uri(checkpoint_bucket(config)).rstrip('/')}/{config.job.run_name}"

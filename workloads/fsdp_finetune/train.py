@@ -13,8 +13,8 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,11 +27,10 @@ from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
 from workloads.fsdp_finetune.metrics import mfu, peak_memory_gib
 from workloads.fsdp_finetune.model import build_model, count_params, fetch_weights, saved_dtype, shard_model
 from workloads.fsdp_finetune.topology import build_mesh, check_placement, node_name, plan_from
+from workloads.fsdp_finetune.train_hooks import CHECKPOINT_PREFIX, TrainHooks, hooks_from
 from workloads.hf_token import install_token
 
 log = logging.getLogger("fsdp_finetune")
-
-CHECKPOINT_PREFIX = "checkpoint_step_"  # checkpoint N is reported as f"{CHECKPOINT_PREFIX}{N:07d}"
 
 
 class ResumeError(RuntimeError):
@@ -61,11 +60,11 @@ def make_train_config(job: dict, *, grad_accumulation: int, gpu_peak_tflops: flo
     a progress bar from metrics.jsonl, so rank 0 does not also log every report. `sharding`
     (resolved: full or hybrid; default `job["sharding"]`) and `ranks_per_node` (default: all ranks
     on one node) are the variable file's topology (`topology.mesh_plan`). `plan_prediction` (the plan's
-    `tokens_per_s` and `predicted_mfu` as `mfu`) is exported beside the measured figures. `extra` carries test
-    knobs: `storage_path` (Ray's storage; it keys the checkpoint staging folder,
-    `checkpoint_staging_dir`) and `fail_at_step` + `fail_marker` make the last rank kill itself once (the marker file
-    records that it did), to exercise restarts; `hang_at_step` + `hang_marker` make it stop once before the step's
-    collectives instead (a hung collective for the others, `_maybe_hang`).
+    `tokens_per_s` and `predicted_mfu` as `mfu`) is exported beside the measured figures. `extra` carries
+    `storage_path` (Ray's storage; it keys the checkpoint staging folder, `checkpoint_staging_dir`) and, from tests,
+    `hooks`: a `train_hooks.TrainHooks` that `train_func` calls at each step (`KillOnceAt` kills the last rank once,
+    to exercise restarts; `HangOnceAt` stops it once before the step's collectives, a hung collective for the
+    others).
     """
     return {
         "job": dict(job),
@@ -221,86 +220,6 @@ def _setup_logging(rank: int) -> None:
     log.propagate = False
 
 
-def _maybe_fail(config: dict, step: int, rank: int, world: int) -> None:
-    """Test knob: the last rank kills its process (no clean-up, like an OOM kill) once at `fail_at_step`."""
-    at, marker = config.get("fail_at_step"), config.get("fail_marker")
-    if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
-        return
-    # The failure lands at a known point of the run: once Ray Train's controller has registered the
-    # last checkpoint before this step (it counts only once every rank's report of it is in). Waiting
-    # for that, not for a fixed number of polls, holds on a loaded machine too.
-    every = config["job"]["checkpoint_every"]
-    if step >= every:
-        import ray.train
-
-        want = f"{CHECKPOINT_PREFIX}{step // every * every:07d}"
-        storage = ray.train.get_context().get_storage()
-        deadline = time.monotonic() + 120
-        while (got := _registered_checkpoint(storage)) != want and time.monotonic() < deadline:
-            time.sleep(0.1)  # polling interval of a bounded wait on a condition
-        if got != want:
-            log.warning("fail_at_step=%d: %s not registered after 120 s (latest: %s)", step, want, got)
-    Path(marker).write_text(f"killed at step {step}\n")
-    log.warning("fail_at_step=%d: rank %d exits abruptly", step, rank)
-    os._exit(1)
-
-
-def _registered_checkpoint(storage) -> str | None:
-    """The folder name of the checkpoint Ray Train's controller registered last (in the run's storage), else None."""
-    try:
-        with storage.storage_filesystem.open_input_stream(storage.checkpoint_manager_snapshot_path) as stream:
-            return latest_in_snapshot(stream.read())
-    except OSError:  # not written yet
-        return None
-
-
-def latest_in_snapshot(snapshot: str | bytes | None) -> str | None:
-    """The latest registered checkpoint's folder name in the snapshot Ray Train's controller writes to the run's
-    storage after each registration, else None (no snapshot, or one read while being written).
-
-    Ray 2.58.0 ray/train/v2/_internal/execution/checkpoint/checkpoint_manager.py: `_write_state_to_storage`,
-    whose `latest_checkpoint_result.checkpoint_dir_name` is the name `train_func` reported it under; the next
-    fit() under the same name resumes from it.
-    """
-    import json
-
-    if not snapshot:
-        return None
-    try:
-        state = json.loads(snapshot)
-    except ValueError:
-        return None
-    return (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
-
-
-HANG_BOUND_S = 600.0
-"""How long `_maybe_hang` blocks at most: Ray Train kills the hung rank long before (it raises after this)."""
-
-
-def _maybe_hang(config: dict, step: int, rank: int, world: int) -> None:
-    """Test knob: the last rank stops once at `hang_at_step`, before the step's first collective.
-
-    The other ranks enter the step's `all_reduce` and wait there: a hung collective, as a rank stuck
-    in I/O or on another code path leaves it. Under gloo that wait ends after the process group's
-    timeout (`job.collective_timeout_minutes`) with a RuntimeError in each waiting rank, which fails
-    its `train_func`; Ray Train 2.58 then restarts the group and kills every worker actor, this hung
-    one included (`ray.kill` in `_shutdown_workers`, ray/train/v2/_internal/execution/worker_group/state.py).
-    This rank's own health checks keep passing meanwhile: `train_func` runs in a thread of the actor
-    (worker_group/thread_runner.py), so the hang is seen only through the waiting ranks' timeout.
-    The marker records the hang (and, if this rank was never killed, says so before raising).
-    """
-    at, marker = config.get("hang_at_step"), config.get("hang_marker")
-    if at is None or step != at or rank != world - 1 or not marker or os.path.exists(marker):
-        return
-    Path(marker).write_text(f"hung at step {step}\n")
-    log.warning("hang_at_step=%d: rank %d stops before the step's collectives", step, rank)
-    # A blocking wait that nothing sets: only the restart's kill ends it. Bounded so that a restart
-    # that never comes fails the run (and says why) instead of hanging it.
-    threading.Event().wait(HANG_BOUND_S)
-    Path(marker).write_text(f"hung at step {step}; not killed within {HANG_BOUND_S:.0f} s\n")
-    raise RuntimeError(f"hang_at_step={step}: rank {rank} was not killed within {HANG_BOUND_S:.0f} s")
-
-
 def train_func(config: dict) -> None:
     """Fine-tune on this worker: build, shard, restore, train, checkpoint, report, export."""
     import ray.train
@@ -312,8 +231,9 @@ def train_func(config: dict) -> None:
     from workloads.fsdp_finetune.job_logs import attach_rank_tail
 
     tail = attach_rank_tail(log, config.get("run_dir"), rank)
+    hooks = hooks_from(config)  # the one test seam: the no-op TrainHooks unless a test passed its own
     try:
-        _train(config, ctx, rank, world, local_rank)
+        _train(config, ctx, rank, world, local_rank, hooks)
     except BaseException:
         log.exception("rank %d failed", rank)
         raise
@@ -322,8 +242,84 @@ def train_func(config: dict) -> None:
             tail.flush()
 
 
-def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
+@dataclass
+class _Worker:
+    """What this rank trains with: the config, the sharded model, its optimizer and data, where reports go."""
+
+    config: dict
+    rank: int
+    world: int
+    device: torch.device
+    mesh_plan: object
+    mesh: object
+    path: str
+    tokenizer: object
+    batches: object
+    held_out_records: list
+    model: object = None
+    peft_model: object = None
+    export_dtype: object = None
+    n_params: int = 0
+    optimizer: object = None
+    scheduler: object = None
+    step: int = 0
+    start_step: int = 0
+
+    @property
+    def job(self) -> dict:
+        return self.config["job"]
+
+
+@dataclass
+class _Window:
+    """The steps since the last report: their tokens, losses and data waits, averaged at the next report."""
+
+    start: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    tokens: int = 0
+    data_wait: float = 0.0
+    loss: list = field(default_factory=list)
+    label_tokens: list = field(default_factory=list)
+
+    def add(self, out: dict) -> None:
+        """Count one step's `train_step` output."""
+        self.steps += 1
+        self.tokens += out["tokens"]
+        self.loss.append(out["loss_sum"])
+        self.label_tokens.append(out["label_tokens"])
+
+    def clear(self) -> None:
+        """Start the next window's counts (its clock was restarted at the report)."""
+        self.steps, self.tokens, self.data_wait = 0, 0, 0.0
+        self.loss, self.label_tokens = [], []
+
+
+def _train(config: dict, ctx, rank: int, world: int, local_rank: int, hooks: TrainHooks) -> None:
     """The body of `train_func`, on this rank."""
+    worker = _prepare(config, rank=rank, world=world, local_rank=local_rank)
+    _build(worker, local_rank=local_rank, local_world=ctx.get_local_world_size())
+    _restore(worker)
+    job = worker.job
+    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step, %s sharding "
+             "(mesh %s over %d node(s))", job["model"], worker.n_params / 1e6, world, config["grad_accumulation"],
+             job["micro_batch_size"], job["seq_len"], worker.mesh_plan.sharding, worker.mesh_plan.mesh_shape,
+             worker.mesh_plan.nodes)
+    from workloads.fsdp_finetune.prometheus import training_gauges
+
+    reports = _Reports(
+        held_out=_held_out(config, worker.held_out_records, worker.tokenizer, rank=rank, world=world),
+        tracker=_tracker(config, resume_step=worker.step, world=world) if rank == 0 else None,
+        gauges=training_gauges(job["run_name"], rank=rank, plan_prediction=config.get("plan_prediction")),
+        staging=_checkpoint_staging(job["run_name"], rank, config.get("storage_path")),
+        peak=config.get("gpu_peak_tflops") if worker.device.type == "cuda" else None,
+    )
+    _loop(worker, reports, hooks)
+    _export(worker)
+    reports.close(config.get("scrape_interval_s"))
+
+
+def _prepare(config: dict, *, rank: int, world: int, local_rank: int) -> _Worker:
+    """Seed, placement and mesh, the Hub token, the weights, tokenizer and this rank's batches."""
     import ray.train
     import ray.train.torch
     from transformers import AutoTokenizer
@@ -356,152 +352,184 @@ def _train(config: dict, ctx, rank: int, world: int, local_rank: int) -> None:
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
                              seed=job["seed"], varlen=uses_varlen(resolve_attn_implementation(
                                  job["attn_implementation"], device)))
+    return _Worker(config=config, rank=rank, world=world, device=device, mesh_plan=mesh_plan, mesh=mesh, path=path,
+                   tokenizer=tokenizer, batches=batches, held_out_records=held_out_records)
 
-    model, peft_model = build_sharded_model(job, path, device=device, mesh=mesh, local_rank=local_rank,
-                                            local_world=ctx.get_local_world_size())
-    export_dtype = saved_dtype(path)
-    model_config = model.config
-    n_params = count_params(model)
-    if peft_model is not None:
+
+def _build(worker: _Worker, *, local_rank: int, local_world: int) -> None:
+    """The sharded model on this rank's mesh, its optimizer and learning-rate schedule."""
+    job, path = worker.job, worker.path
+    worker.model, worker.peft_model = build_sharded_model(job, path, device=worker.device, mesh=worker.mesh,
+                                                          local_rank=local_rank, local_world=local_world)
+    worker.export_dtype = saved_dtype(path)
+    worker.n_params = count_params(worker.model)
+    if worker.peft_model is not None:
         from workloads.fsdp_finetune.lora import trainable_count
 
         log.info("LoRA rank %d on %s: %.2fM trainable parameters (%.2f%%), the base frozen", job["lora"]["rank"],
-                 ",".join(job["lora"]["target_modules"]), trainable_count(model) / 1e6,
-                 100 * trainable_count(model) / n_params)
-    optimizer = build_optimizer(model, job, device)
-    scheduler = build_scheduler(optimizer, job)
+                 ",".join(job["lora"]["target_modules"]), trainable_count(worker.model) / 1e6,
+                 100 * trainable_count(worker.model) / worker.n_params)
+    worker.optimizer = build_optimizer(worker.model, job, worker.device)
+    worker.scheduler = build_scheduler(worker.optimizer, job)
 
-    step = start_step = 0
+
+def _restore(worker: _Worker) -> None:
+    """Resume from the checkpoint Ray Train hands this attempt, if any (model, optimizer, schedule, data order)."""
+    import ray.train
+
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            restored = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler,
-                                       device=device)
-        step = start_step = restored["step"]
-        # The driver refuses this before starting workers (launch.resume_problem) when it can read
-        # the storage; this is the backstop.
-        conflict = resume_conflict(step, job["max_steps"], job["run_name"])
-        if conflict:
-            raise ResumeError(conflict)
-        batches.load_state_dict(restored["data"])
-        log.info("resumed from %s at step %d", checkpoint.path, step)
-    log.info("model %s: %.1fM parameters, world size %d, %d micro-batches of %d x %d per step, %s sharding "
-             "(mesh %s over %d node(s))", job["model"], n_params / 1e6, world, config["grad_accumulation"],
-             job["micro_batch_size"], job["seq_len"], mesh_plan.sharding, mesh_plan.mesh_shape, mesh_plan.nodes)
+    if checkpoint is None:
+        return
+    with checkpoint.as_directory() as directory:
+        restored = load_checkpoint(directory, model=worker.model, optimizer=worker.optimizer,
+                                   scheduler=worker.scheduler, device=worker.device)
+    worker.step = worker.start_step = restored["step"]
+    # The driver refuses this before starting workers (settings.resume_problem) when it can read
+    # the storage; this is the backstop.
+    conflict = resume_conflict(worker.step, worker.job["max_steps"], worker.job["run_name"])
+    if conflict:
+        raise ResumeError(conflict)
+    worker.batches.load_state_dict(restored["data"])
+    log.info("resumed from %s at step %d", checkpoint.path, worker.step)
 
-    held_out = _held_out(config, held_out_records, tokenizer, rank=rank, world=world)
-    tracker = _tracker(config, resume_step=step, world=world) if rank == 0 else None
-    from workloads.fsdp_finetune.prometheus import training_gauges
 
-    gauges = training_gauges(job["run_name"], rank=rank, plan_prediction=config.get("plan_prediction"))
-    staging = _checkpoint_staging(job["run_name"], rank, config.get("storage_path"))
-    peak = config.get("gpu_peak_tflops") if device.type == "cuda" else None
-    batch_iter = iter(batches)
-    window_start, window_steps, window_tokens, window_data_wait = time.perf_counter(), 0, 0, 0.0
-    window_loss, window_label_tokens = [], []
+@dataclass
+class _Reports:
+    """Where this rank's reports go: the held-out scorer, rank 0's tracker, the gauges, the checkpoint staging."""
+
+    held_out: HeldOutLoss | None
+    tracker: object
+    gauges: object
+    staging: str
+    peak: float | None
+
+    def publish(self, metrics: dict, *, plot: bool) -> None:
+        """The report's figures to the tracker (metrics.jsonl, TensorBoard) and the Prometheus gauges."""
+        if self.tracker is not None:
+            self.tracker.log(metrics, plot=plot)
+        if self.gauges is not None:
+            self.gauges.report(metrics)
+
+    def close(self, scrape_interval_s: int | None) -> None:
+        """Close the tracker, then the gauges."""
+        if self.tracker is not None:
+            self.tracker.close()
+        if self.gauges is not None:
+            # Last: the final report's values stay up through the export, and until a scrape has surely seen them.
+            self.gauges.close(scrape_interval_s=scrape_interval_s)
+
+
+def _loop(worker: _Worker, reports: _Reports, hooks: TrainHooks) -> None:
+    """Train from `worker.step` to `max_steps`, reporting, evaluating and checkpointing on the job's schedule."""
+    job, config = worker.job, worker.config
+    batch_iter = iter(worker.batches)
+    window = _Window()
     last_grad_norm = torch.zeros(())
-    if held_out is not None and step == 0:
+    if reports.held_out is not None and worker.step == 0:
         # The untrained model's held-out loss: the curve's starting point (a collective: every rank scores).
-        baseline = {"step": 0, **held_out(model, device)}
-        if tracker is not None:
-            tracker.log(baseline)
-        if gauges is not None:
-            gauges.report(baseline)
-        window_start = time.perf_counter()
-
-    while step < job["max_steps"]:
-        _maybe_fail(config, step, rank, world)
-        _maybe_hang(config, step, rank, world)
-        lr = scheduler.get_last_lr()[0]
+        baseline = {"step": 0, **reports.held_out(worker.model, worker.device)}
+        if reports.tracker is not None:
+            reports.tracker.log(baseline)
+        if reports.gauges is not None:
+            reports.gauges.report(baseline)
+        window.start = time.perf_counter()
+    while worker.step < job["max_steps"]:
+        hooks.on_step(worker.step, rank=worker.rank, world=worker.world, job=job)
+        lr = worker.scheduler.get_last_lr()[0]
         fetch_start = time.perf_counter()
         micro = [next(batch_iter) for _ in range(config["grad_accumulation"])]
-        window_data_wait += time.perf_counter() - fetch_start
-        out = train_step(model, optimizer, micro, grad_clip=job["grad_clip"], device=device)
-        scheduler.step()
-        step += 1
-        window_steps += 1
-        window_tokens += out["tokens"]
-        window_loss.append(out["loss_sum"])
-        window_label_tokens.append(out["label_tokens"])
+        window.data_wait += time.perf_counter() - fetch_start
+        out = train_step(worker.model, worker.optimizer, micro, grad_clip=job["grad_clip"], device=worker.device)
+        worker.scheduler.step()
+        worker.step += 1
+        window.add(out)
         last_grad_norm = out["grad_norm"]
-
+        step = worker.step
         save = step % job["checkpoint_every"] == 0 or step == job["max_steps"]
-        evaluate_now = held_out is not None and (step % job["eval_every"] == 0 or step == job["max_steps"])
-        if not (save or evaluate_now or step % job["report_every"] == 0):
-            continue
-        # One host sync per report, not per step: the window's figures are averages.
-        loss = float(torch.stack(window_loss).sum() / torch.stack(window_label_tokens).sum().clamp(min=1))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        now = time.perf_counter()
-        # The next window starts here, so the report and checkpoint below count against throughput.
-        elapsed, window_start = now - window_start, now
-        tps_worker = window_tokens / elapsed
-        metrics = {
-            "step": step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": float(last_grad_norm),
-            "tokens_per_s": tps_worker * world,
-            "tokens_per_s_per_gpu": tps_worker,
-            "mfu": mfu(tps_worker, model_config, job["seq_len"], peak),
-            "step_time_s": elapsed / window_steps,
-            "data_wait_s": window_data_wait / window_steps,
-            "peak_memory_gib": peak_memory_gib(device),
-            "epoch": batches.state_dict().get("epoch", 0),
-            "resumed_from_step": start_step,
-        }
-        if evaluate_now:
-            metrics.update(held_out(model, device))
-            # Held-out scoring is not training: the next throughput window starts after it.
-            window_start = time.perf_counter()
-        checkpoint_dir = None
-        if save:
-            # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
-            # while training goes on (ASYNC), then deletes it.
-            saving = time.perf_counter()
-            checkpoint_dir = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=staging)
-            save_checkpoint(checkpoint_dir, model=model, optimizer=optimizer, scheduler=scheduler, step=step,
-                            data_state=batches.state_dict(), device=device)
-            metrics["checkpoint_s"] = time.perf_counter() - saving
-        if tracker is not None:
-            tracker.log(metrics, plot=save or evaluate_now)
-        if gauges is not None:
-            gauges.report(metrics)
-        if not config.get("driver_progress"):  # a local run's driver draws its own bar from metrics.jsonl
-            log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs%s", step, loss, lr,
-                     metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"],
-                     f" eval_loss {metrics['eval_loss']:.4f}" if evaluate_now else "")
-        if checkpoint_dir is not None:
-            # Only checkpoints are reported to Ray; the figures of every report already went to the
-            # tracker above (metrics.jsonl, TensorBoard) and to the Prometheus gauges. Ray Train 2.58's
-            # controller takes one report per worker per poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): each
-            # worker's result queue has maxsize 1 and later reports wait their turn in order
-            # (ray/train/v2/_internal/execution/context.py `_wait_then_report`, worker_group/worker.py
-            # `poll_status`). Reporting every step queued reports faster than they were taken, so a
-            # checkpoint was registered long after it was written, and a worker killed meanwhile restarted
-            # from an older one (step 0 instead of 50 with report_every 1). With checkpoint reports alone,
-            # one is registered within its upload plus one poll, whatever report_every is.
-            # Asynchronous: training goes on while the checkpoint uploads.
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir),
-                             checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}",
-                             checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
-        window_steps, window_tokens, window_data_wait = 0, 0, 0.0
-        window_loss, window_label_tokens = [], []
+        evaluate_now = reports.held_out is not None and (step % job["eval_every"] == 0 or step == job["max_steps"])
+        if save or evaluate_now or step % job["report_every"] == 0:
+            _report(worker, reports, window, lr=lr, grad_norm=last_grad_norm, save=save, evaluate_now=evaluate_now)
+            window.clear()
 
-    if peft_model is None:
-        export_hf_model(model, tokenizer, config["export_uri"], dtype=export_dtype)
+
+def _window_metrics(worker: _Worker, window: _Window, *, lr: float, grad_norm, peak: float | None) -> dict:
+    """The report's figures: the window's averages (one host sync per report, not per step)."""
+    job, device = worker.job, worker.device
+    loss = float(torch.stack(window.loss).sum() / torch.stack(window.label_tokens).sum().clamp(min=1))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    now = time.perf_counter()
+    # The next window starts here, so the report and checkpoint below count against throughput.
+    elapsed, window.start = now - window.start, now
+    tps_worker = window.tokens / elapsed
+    return {
+        "step": worker.step,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens_per_s": tps_worker * worker.world,
+        "tokens_per_s_per_gpu": tps_worker,
+        "mfu": mfu(tps_worker, worker.model.config, job["seq_len"], peak),
+        "step_time_s": elapsed / window.steps,
+        "data_wait_s": window.data_wait / window.steps,
+        "peak_memory_gib": peak_memory_gib(device),
+        "epoch": worker.batches.state_dict().get("epoch", 0),
+        "resumed_from_step": worker.start_step,
+    }
+
+
+def _report(worker: _Worker, reports: _Reports, window: _Window, *, lr: float, grad_norm, save: bool,
+            evaluate_now: bool) -> None:
+    """One report: the window's figures, the held-out loss and a checkpoint when due, to the tracker, gauges, Ray."""
+    import ray.train
+
+    step = worker.step
+    metrics = _window_metrics(worker, window, lr=lr, grad_norm=grad_norm, peak=reports.peak)
+    if evaluate_now:
+        metrics.update(reports.held_out(worker.model, worker.device))
+        # Held-out scoring is not training: the next throughput window starts after it.
+        window.start = time.perf_counter()
+    checkpoint_dir = None
+    if save:
+        # A fresh folder per checkpoint that outlives this call: Ray uploads it in the background
+        # while training goes on (ASYNC), then deletes it.
+        saving = time.perf_counter()
+        checkpoint_dir = tempfile.mkdtemp(prefix=f"{CHECKPOINT_PREFIX}{step:07d}-", dir=reports.staging)
+        save_checkpoint(checkpoint_dir, model=worker.model, optimizer=worker.optimizer, scheduler=worker.scheduler,
+                        step=step, data_state=worker.batches.state_dict(), device=worker.device)
+        metrics["checkpoint_s"] = time.perf_counter() - saving
+    reports.publish(metrics, plot=save or evaluate_now)
+    if not worker.config.get("driver_progress"):  # a local run's driver draws its own bar from metrics.jsonl
+        log.info("step %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f step %.3fs%s", step, metrics["loss"], lr,
+                 metrics["grad_norm"], metrics["tokens_per_s"], metrics["step_time_s"],
+                 f" eval_loss {metrics['eval_loss']:.4f}" if evaluate_now else "")
+    if checkpoint_dir is not None:
+        # Only checkpoints are reported to Ray; the figures of every report already went to the
+        # tracker above (metrics.jsonl, TensorBoard) and to the Prometheus gauges. Ray Train 2.58's
+        # controller takes one report per worker per poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): each
+        # worker's result queue has maxsize 1 and later reports wait their turn in order
+        # (ray/train/v2/_internal/execution/context.py `_wait_then_report`, worker_group/worker.py
+        # `poll_status`). Reporting every step queued reports faster than they were taken, so a
+        # checkpoint was registered long after it was written, and a worker killed meanwhile restarted
+        # from an older one (step 0 instead of 50 with report_every 1). With checkpoint reports alone,
+        # one is registered within its upload plus one poll, whatever report_every is.
+        # Asynchronous: training goes on while the checkpoint uploads.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint_dir),
+                         checkpoint_dir_name=f"{CHECKPOINT_PREFIX}{step:07d}",
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC)
+
+
+def _export(worker: _Worker) -> None:
+    """The trained model in Hugging Face's format at `export_uri` (under LoRA: the adapters, or the merged model)."""
+    config, job = worker.config, worker.job
+    if worker.peft_model is None:
+        export_hf_model(worker.model, worker.tokenizer, config["export_uri"], dtype=worker.export_dtype)
     else:
         from workloads.fsdp_finetune.lora import export_lora
 
-        export_lora(model, peft_model, tokenizer, config["export_uri"], lora=job["lora"],
-                    merge=job.get("export", {}).get("merge", True), dtype=export_dtype)
+        export_lora(worker.model, worker.peft_model, worker.tokenizer, config["export_uri"], lora=job["lora"],
+                    merge=job.get("export", {}).get("merge", True), dtype=worker.export_dtype)
     log.info("exported the model to %s", config["export_uri"])
-    if tracker is not None:
-        tracker.close()
-    if gauges is not None:
-        # Last: the final report's values stay up through the export, and until a scrape has surely seen them.
-        gauges.close(scrape_interval_s=config.get("scrape_interval_s"))
 
 
 def _held_out(config: dict, records: list[dict], tokenizer, *, rank: int, world: int) -> HeldOutLoss | None:

@@ -175,9 +175,6 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
     world = mesh.world_size
     tokens_per_step = job.global_batch_size * job.seq_len
     formula_flops = metrics.flops_per_token(arch, job.seq_len) * tokens_per_step
-    step_s = step["step_time_s"]
-    run_hours = job.max_steps * step_s / 3600
-    peak_gib = step["peak_bytes"] / GIB
     plan = {
         "model": job.model,
         "architecture_source": source,
@@ -194,6 +191,22 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "seq_len": job.seq_len,
         "grad_accumulation": accum,
         "activation_checkpointing": job.activation_checkpointing,
+        **_memory_fields(step, hw, reserve_gib=reserve_gib, limit_gib=limit_gib),
+        **_speed_fields(step, job, config, hw, efficiency=efficiency, formula_flops=formula_flops, world=world),
+        "plan_seconds": round(time.perf_counter() - started, 1),
+    }
+    if not plan["fits"]:
+        for key in ("largest_micro_batch", "largest_seq_len", "state_exceeds_limit"):
+            if key in step:
+                plan[key] = step[key]
+        raise PlanRefusal(*_refusal(plan, job, reserve_gib), plan)
+    return plan
+
+
+def _memory_fields(step: dict, hw, *, reserve_gib: float, limit_gib: float) -> dict:
+    """The plan's memory figures per GPU: the device's, the limit, the simulated peak and state, whether it fits."""
+    peak_gib = step["peak_bytes"] / GIB
+    return {
         "gpu": hw.gpu,
         "gpu_memory_gib": round(hw.visible_memory_gib, 3),
         "reserve_gib": reserve_gib,
@@ -207,6 +220,15 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "state_by_category_gib": {k: round(v / GIB, 3) for k, v in step["state_bytes"].items()},
         "state_by_category_bytes": step["state_bytes"],
         "fits": peak_gib <= limit_gib,
+    }
+
+
+def _speed_fields(step: dict, job, config, hw, *, efficiency: float, formula_flops: float, world: int) -> dict:
+    """The plan's FLOPs, step time, throughput, MFU, run time and cost."""
+    tokens_per_step = job.global_batch_size * job.seq_len
+    step_s = step["step_time_s"]
+    run_hours = job.max_steps * step_s / 3600
+    return {
         "flops_per_micro_batch": list(step["flops_per_micro_batch"]),
         "flops_per_step": step["executed_flops_per_rank"] * world,
         "model_flops_per_step_counted": step["model_flops_per_rank"] * world,
@@ -228,14 +250,7 @@ def make_plan(config, *, efficiency: float = DEFAULT_EFFICIENCY, reserve_gib: fl
         "run_hours": round(run_hours, 4),
         "cost_per_hour_usd": round(config.cost_per_hour, 4),
         "run_cost_usd": round(run_hours * config.cost_per_hour, 2),
-        "plan_seconds": round(time.perf_counter() - started, 1),
     }
-    if not plan["fits"]:
-        for key in ("largest_micro_batch", "largest_seq_len", "state_exceeds_limit"):
-            if key in step:
-                plan[key] = step[key]
-        raise PlanRefusal(*_refusal(plan, job, reserve_gib), plan)
-    return plan
 
 
 def _largest_fitting(fake, limit: float, *, micro_batch_size: int, seq_len: int, sequences: int,

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from config.errors import UserError
 from workloads.plan import DEFAULT_EFFICIENCY, RESERVE_GIB, PlanRefusal, make_plan, render
 
 
@@ -43,17 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.online:
         token, online, problem = online_token(config)
         if problem:
-            print(f"{file}: {problem}", file=sys.stderr)
-            return 2
+            raise UserError(problem, file=file)
     try:
         plan = make_plan(config, efficiency=args.efficiency, reserve_gib=args.reserve_gib, online=online,
                          token=token)
     except ArchitectureError as exc:
+        if not args.skip_unknown:
+            raise UserError(str(exc), file=file, field="job.model") from None
         print(f"{file}: job.model: {exc}", file=sys.stderr)
-        return 0 if args.skip_unknown else 2
+        return 0
     except LoraTargetError as exc:
-        print(f"{file}: job.lora.target_modules: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc), file=file, field="job.lora.target_modules") from None
     except PlanRefusal as refusal:
         from workloads.plan import suggest
 
@@ -63,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         fitting = next((o for o in options if o["fits"]), None)
         instead = (f"; what fits instead: {fitting['change']} (peak {fitting['peak_gib_per_gpu']:.1f} GiB, "
                    f"${fitting['run_cost_usd']:,.2f})" if fitting else "")
-        print(f"{file}: {refusal}{instead}", file=sys.stderr)
-        return 2
+        raise UserError(f"{refusal}{instead}", file=file) from None
     print(json.dumps(plan) if args.json else render(plan, file))
     if args.prediction_out:
         write_prediction(plan, args.prediction_out, run_name=config.job.run_name)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_prediction(plan: dict, path: str, *, run_name: str) -> None:
-    """The plan's throughput and MFU as the training driver reads them (`launch.read_plan_prediction`)."""
+    """The plan's throughput and MFU as the training driver reads them (`run_plan.read_plan_prediction`)."""
     from pathlib import Path
 
     prediction = {"run_name": run_name, "tokens_per_s": plan["tokens_per_s"], "mfu": plan["predicted_mfu"]}
@@ -106,4 +106,6 @@ def online_token(config) -> tuple[str | None, bool, str | None]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from config.errors import run_cli
+
+    run_cli(main)

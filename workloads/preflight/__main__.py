@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from config.cli import add_file_argument, chosen_file
+from config.errors import run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.local:
         # The Hub token and access before any GPU work (a local run uses its embedded model).
         from config.loader import resolve_path
-        from workloads.fsdp_finetune.launch import refuse, token_problems
+        from workloads.fsdp_finetune.settings import refuse, token_problems
 
         refuse(token_problems(config.job, source=str(resolve_path(chosen)), region=config.region))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -41,4 +41,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)
