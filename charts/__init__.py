@@ -6,7 +6,7 @@ annotations, the code bundle, the KubeRay CRDs they validate against) live here;
 `ops/`. May import `config`, `tools` (pins) and `workloads` (what the pods run); never `stacks` or anything above.
 
 The chart classes load lazily (PEP 562): importing cdk8s starts jsii's Node process (about 2 s), which
-`python -m charts.crds` in `make setup` does not need.
+`python -m ops.scan` and the tests that read one chart module do not need.
 """
 
 from __future__ import annotations

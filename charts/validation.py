@@ -1,7 +1,7 @@
 """Schema checks for every synthesized object, before anything is written.
 
 - RayCluster / RayJob: the `openAPIV3Schema` of KubeRay 1.7.0's CRDs (found or downloaded, and
-  checked against pinned SHA-256s, by `charts.crds`), made strict: an object schema that lists its
+  checked against pinned SHA-256s, by `tools.crds`), made strict: an object schema that lists its
   properties and does not say `x-kubernetes-preserve-unknown-fields` rejects any other key,
   because the API server would silently prune a misspelt field and the setting would be lost.
 - Core kinds (and the pod templates inside the Ray objects): kubernetes-validate's strict
@@ -19,8 +19,8 @@ import yaml
 from kubernetes_validate import utils as kv_utils
 from packaging.version import Version
 
-from charts.crds import crd_path
 from charts.errors import ChartError
+from tools.crds import crd_path
 
 CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
 OPERATOR_CRD_KINDS = {"PodMonitor"}

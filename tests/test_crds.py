@@ -1,4 +1,4 @@
-"""KubeRay CRDs (charts/crds.py): where they are found, the SHA-256 check, the download and its errors.
+"""KubeRay CRDs (tools/crds.py): where they are found, the SHA-256 check, the download and its errors.
 
 Each test gets its own repository root under tmp_path, so `../shared/kuberay` and `.cache/` are the
 test's; the downloads come from a real HTTP server on 127.0.0.1 serving copies of the pinned files.
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from charts import crds, validation
-from charts.errors import ChartError
+from charts import validation
+from config.errors import UserError
 from harness.loopback import ThreadedHTTPServer
 from tests.helpers import REPO
+from tools import crds
 
 CLUSTERS, JOBS = "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml"
 
@@ -115,7 +116,7 @@ def test_a_tampered_local_copy_is_refused_not_passed_over(repo, pinned, tmp_path
     explicit.mkdir()
     (explicit / JOBS).write_bytes((pinned / JOBS).read_bytes())
     tamper(explicit / JOBS)
-    with pytest.raises(ChartError) as caught:
+    with pytest.raises(UserError) as caught:
         crds.crd_path(JOBS, repo_root=repo, environ=env(KUBERAY_CRD_DIR=str(explicit), KUBERAY_CRD_BASE_URL=server.url))
     message = str(caught.value)
     assert str(explicit / JOBS) in message
@@ -138,7 +139,7 @@ def test_download_is_checked_cached_and_reused(repo, served):
 def test_a_tampered_download_is_refused_and_not_cached(repo, served):
     server, bases = served
     tamper(bases / JOBS)
-    with pytest.raises(ChartError) as caught:
+    with pytest.raises(UserError) as caught:
         crds.crd_path(JOBS, repo_root=repo, environ=env(KUBERAY_CRD_BASE_URL=server.url))
     message = str(caught.value)
     assert f"{server.url}/{JOBS}" in message and crds.SHA256[JOBS] in message and "nothing was cached" in message
@@ -146,7 +147,7 @@ def test_a_tampered_download_is_refused_and_not_cached(repo, served):
 
 
 def test_offline_error_names_the_three_ways(repo):
-    with pytest.raises(ChartError) as caught:
+    with pytest.raises(UserError) as caught:
         crds.crd_path(CLUSTERS, repo_root=repo, environ=env(KUBERAY_CRD_BASE_URL="http://127.0.0.1:9/bases"),
                       timeout_s=5)
     message = str(caught.value)
@@ -160,7 +161,7 @@ def test_offline_error_names_the_three_ways(repo):
 
 def test_http_error_is_reported(repo, served):
     server, _ = served
-    with pytest.raises(ChartError, match=r"failed \(HTTP Error 404"):
+    with pytest.raises(UserError, match=r"failed \(HTTP Error 404"):
         crds.crd_path(CLUSTERS, repo_root=repo, environ=env(KUBERAY_CRD_BASE_URL=server.url + "/missing"))
 
 
@@ -170,18 +171,18 @@ def test_validation_refuses_a_tampered_crd(monkeypatch, tmp_path, pinned):
     monkeypatch.setenv(crds.DIR_ENV, str(tmp_path))
     validation.crd_validator.cache_clear()
     try:
-        with pytest.raises(ChartError, match=rf"{tmp_path / CLUSTERS}: {CLUSTERS} is not KubeRay 1.7.0's: sha256"):
+        with pytest.raises(UserError, match=rf"{tmp_path / CLUSTERS}: {CLUSTERS} is not KubeRay 1.7.0's: sha256"):
             validation.problems([{"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "x"}}], "1.34")
     finally:
         validation.crd_validator.cache_clear()
 
 
 def test_setup_command_fails_naming_file_and_digests(tmp_path, pinned):
-    """`python -m charts.crds` (what `make setup` runs) with a tampered file: exit 2, file and digests named."""
+    """`python -m tools.crds` (what `make setup` runs) with a tampered file: exit 2, file and digests named."""
     for file in crds.SHA256:
         (tmp_path / file).write_bytes((pinned / file).read_bytes())
     tamper(tmp_path / JOBS)
-    run = subprocess.run([sys.executable, "-m", "charts.crds"], cwd=REPO, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "tools.crds"], cwd=REPO, capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", crds.DIR_ENV: str(tmp_path)}, timeout=60)
     assert run.returncode == 2, run.stderr
     assert f"{tmp_path / JOBS}: {JOBS} is not KubeRay 1.7.0's: sha256 expected {crds.SHA256[JOBS]}, got " in run.stderr

@@ -163,7 +163,7 @@ def test_the_command_lists_the_table():
 def test_the_crds_are_read_from_the_mirror_pins_mirror_names(tmp_path):
     """A clone beside no ../shared, with PINS_MIRROR set (bench/newcomer.py --mirror): the synth finds the CRDs
     where `python -m tools.pins` verified them, without a download."""
-    from charts import crds
+    from tools import crds
 
     mirror = tmp_path / "mirror"
     (mirror / "kuberay").mkdir(parents=True)

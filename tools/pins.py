@@ -1,7 +1,7 @@
 """Every artifact the tests and the deploy read from upstream, pinned in one table, and the one fetcher for them.
 
 `PINS` below is the table: name, version, URL, SHA-256 (and the kind of artifact). Nothing else in the repository
-repeats a digest or a chart version: tests/vendored.py, charts/crds.py and stacks/versions.py read theirs from here
+repeats a digest or a chart version: tests/vendored.py, tools/crds.py and stacks/versions.py read theirs from here
 (tests/test_pins.py checks that the variable file's defaults and config/versions.py agree with it).
 
 Where an artifact is looked for, first match wins:

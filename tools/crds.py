@@ -8,7 +8,10 @@ source, the bytes must match the digest pinned below; a file that does not is re
 and never passed over for the next source (a copy that differs from the pinned release is a mistake
 to fix, not to work around).
 
-`python -m charts.crds` (run by `make setup`) resolves both files, so the first synth needs no network.
+`python -m tools.crds` resolves both files ahead of the first synth (`make setup` fetches them through
+`python -m tools.pins`, which reads the same digests), so the first synth needs no network.
+
+It sits in `tools/` (not `charts/`): a fetcher, not a chart; `charts/validation.py` reads the files through it.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from charts.errors import ChartError
-from config.errors import run_cli
+from config.errors import UserError, run_cli
 from config.loader import REPO_ROOT
 from tools import pins
 
@@ -63,7 +65,7 @@ def check_digest(data: bytes, file: str, source: str, *, fix: str) -> None:
     """Refuse `data` (read from `source`) unless it is KubeRay VERSION's `file`, byte for byte."""
     actual = hashlib.sha256(data).hexdigest()
     if actual != SHA256[file]:
-        raise ChartError(f"{source}: {file} is not KubeRay {VERSION}'s: sha256 expected {SHA256[file]}, "
+        raise UserError(f"{source}: {file} is not KubeRay {VERSION}'s: sha256 expected {SHA256[file]}, "
                          f"got {actual}; {fix} (nothing was cached)")
 
 
@@ -77,7 +79,7 @@ def resolve(file: str, *, repo_root: Path = REPO_ROOT, environ: Mapping[str, str
             timeout_s: float = DOWNLOAD_TIMEOUT_S) -> tuple[Path, bool]:
     """`crd_path`, and whether the file had to be downloaded."""
     if file not in SHA256:
-        raise ChartError(f"{file}: not a pinned KubeRay {VERSION} CRD (pinned: {', '.join(SHA256)})")
+        raise UserError(f"{file}: not a pinned KubeRay {VERSION} CRD (pinned: {', '.join(SHA256)})")
     for folder in search_dirs(repo_root, environ):
         path = folder / file
         if path.is_file():
@@ -97,7 +99,7 @@ def _download(url: str, file: str, repo_root: Path, environ: Mapping[str, str], 
     except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError and HTTPError are OSErrors
         reason = exc if isinstance(exc, urllib.error.HTTPError) else getattr(exc, "reason", exc)
         looked = ", ".join(str(d) for d in search_dirs(repo_root, environ))
-        raise ChartError(
+        raise UserError(
             f"{file}: KubeRay {VERSION} CRD not found (looked in {looked}) and the download from {url} failed "
             f"({reason}). Provide the CRDs ({', '.join(SHA256)}) one of three ways: set {DIR_ENV} to a folder "
             f"holding them; put them in {shared_dir(repo_root, environ)}; or run `make setup` where "
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     argparse.ArgumentParser(
-        prog="python -m charts.crds",
+        prog="python -m tools.crds",
         description=f"Find KubeRay {VERSION}'s CRDs ({', '.join(SHA256)}), verify their pinned SHA-256 and cache "
                     f"them: ${DIR_ENV}, then ../shared/kuberay, then .cache/kuberay/v{VERSION}/, else a download from "
                     f"${BASE_URL_ENV} (docs/setup.md: KubeRay CRDs).").parse_args(argv)
