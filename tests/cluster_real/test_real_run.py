@@ -31,6 +31,7 @@ from harness.waiting import wait_for
 from tests import k8s_lab
 from tests.cluster_real import harness, image, substitutions
 from tests.cluster_real.harness import NAMESPACE, S3, Lab, Node, Timeline, wait
+from workloads.fsdp_finetune.train_hooks import latest_in_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster_real]
 
@@ -136,6 +137,23 @@ def _checkpoints(cluster) -> set[str]:
     prefix = f"{config.storage.checkpoint_prefix}{config.job.run_name}/"
     keys = cluster["s3"].keys(config.storage.bucket_name, prefix)
     return {k[len(prefix):].split("/")[0] for k in keys if k[len(prefix):].startswith("checkpoint_")}
+
+
+def _registered(cluster) -> str | None:
+    """The checkpoint Ray Train's controller registered last, from the snapshot it writes to the run's storage.
+
+    A checkpoint folder in S3 is not yet a checkpoint a new attempt resumes from: Ray uploads the folder, then the
+    controller registers it and rewrites `checkpoint_manager_snapshot.json` (Ray 2.58.0
+    train/v2/_internal/execution/checkpoint/checkpoint_manager.py). A head lost between the two restarts from
+    step 0, correctly; so the test loses the head only once a checkpoint is registered.
+    """
+    config = cluster["config"]
+    key = f"{config.storage.checkpoint_prefix}{config.job.run_name}/checkpoint_manager_snapshot.json"
+    try:
+        body = cluster["s3"].client().get_object(Bucket=config.storage.bucket_name, Key=key)["Body"].read()
+    except Exception:  # noqa: BLE001 - not written yet (NoSuchKey) reads as "nothing registered"
+        return None
+    return latest_in_snapshot(body)
 
 
 def _metrics(cluster) -> list[dict]:
@@ -271,11 +289,13 @@ def test_head_pod_lost_resumes_in_the_same_rayjob(cluster, tmp_path):
     name = product["metadata"]["name"]
     seen: set[str] = set()
     try:
-        wait_for(lambda: seen.update(_checkpoints(cluster)) or seen, RUN_TIMEOUT_S, "the first checkpoint in S3",
-                 interval_s=0.3, detail=lambda: "\n" + timeline.render("so far"))
+        registered = wait_for(lambda: _registered(cluster), RUN_TIMEOUT_S, "the first checkpoint registered in S3",
+                              interval_s=0.3, detail=lambda: "\n" + timeline.render("so far"))
+        seen.update(_checkpoints(cluster))
         cluster_name = _get(cluster, "rayjob", name)["status"]["rayClusterName"]
         (head,) = [p["metadata"]["name"] for p in _get(cluster, "pods", "-l", "ray.io/node-type=head")["items"]]
-        killed_at = timeline.mark(f"checkpoints in S3: {sorted(seen)}; deleting head pod {head}")
+        killed_at = timeline.mark(f"checkpoint {registered} registered (in S3: {sorted(seen)}); "
+                                  f"deleting head pod {head}")
         # Lost as with its node: no grace period (the kubelet's minimum applies), the API object gone at once.
         harness._run(cluster["node"].kubectl + ["delete", "pod", "-n", NAMESPACE, head, "--grace-period=0",
                                                 "--force", "--wait=false"], timeout=60)

@@ -46,7 +46,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: validate, plan, (preflight,) fit, and for local runs evaluate before and after."""
     args = parse_args(argv)
