@@ -177,15 +177,10 @@ def evaluate_dir(model_dir: str | os.PathLike, records: list[dict], job: JobConf
     return evaluate(model, tokenizer, records, instruction_field="instruction", response_field="response")
 
 
-class DriverProgress:
-    """A progress bar in the driver fed by the metrics file rank 0 appends to (local runs only).
+class _InBackground:
+    """A context manager that runs `self._run` in a daemon thread until the block ends (`self._stop` is then set)."""
 
-    Drawn here rather than on a worker: Ray forwards worker output line by line, which turns a
-    redrawn bar into a stream of lines.
-    """
-
-    def __init__(self, metrics_path: str, total: int, interval_s: float = 0.5):
-        self.path, self.total, self.interval_s = Path(metrics_path), total, interval_s
+    def __init__(self):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -196,6 +191,21 @@ class DriverProgress:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class DriverProgress(_InBackground):
+    """A progress bar in the driver fed by the metrics file rank 0 appends to (local runs only).
+
+    Drawn here rather than on a worker: Ray forwards worker output line by line, which turns a
+    redrawn bar into a stream of lines.
+    """
+
+    def __init__(self, metrics_path: str, total: int, interval_s: float = 0.5):
+        super().__init__()
+        self.path, self.total, self.interval_s = Path(metrics_path), total, interval_s
 
     def _run(self) -> None:
         from tqdm import tqdm
@@ -229,24 +239,18 @@ class DriverProgress:
                     return
 
 
-class Heartbeat:
+class Heartbeat(_InBackground):
     """One line when a quiet step starts, then one every `every_s` while it lasts, so the console never looks hung
     (bench/newcomer.py fails a README command silent for more than 30 s)."""
 
     def __init__(self, label: str, every_s: float = 10.0):
+        super().__init__()
         self.label, self.every_s = label, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
         self._start = time.monotonic()
         print(f"{self.label} ...", flush=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
+        return super().__enter__()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
