@@ -176,11 +176,13 @@ def test_no_other_secrets_manager_or_kms_permission_anywhere():
                                                                           "DecryptHfTokenSecret"), st
 
 
+@pytest.mark.slow  # synthesizes the CDK app (pyproject.toml `markers`)
 def test_without_a_secret_the_pod_role_has_no_secret_statement():
     sids = {st.get("Sid") for st in _pod_role_policy("default")["PolicyDocument"]["Statement"]}
     assert not sids & {"ReadHfTokenSecret", "DecryptHfTokenSecret"}
 
 
+@pytest.mark.slow  # synthesizes the CDK app (pyproject.toml `markers`)
 def test_the_alt_variant_with_the_secret_is_cdk_nag_clean():
     result = synth("alt")
     assert result.config.job.hf_token_secret == "ml/hf-token"
@@ -204,6 +206,7 @@ def test_an_arn_is_granted_as_it_is_to_any_role_without_kms():
     assert grant_hf_token_read(role, JobConfig(), region="us-east-2") == []
 
 
+@pytest.mark.slow  # synthesizes the CDK app (pyproject.toml `markers`)
 def test_ec2_head_and_worker_instance_roles_read_the_same_secret_nag_clean(tmp_path):
     """The EC2 target: `grant_job_access` (shared with the Pod Identity role) grants both instance roles."""
     import json

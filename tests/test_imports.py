@@ -9,6 +9,7 @@ circle from Python but not from the reader, and makes the next top-level import 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache  # one parse of every source per session (the tests only read it): 8 s of `make check` otherwise
 def import_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports (`from a import b` is `a.b` when that is a module, else `a`)."""
     mods = modules()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 
+from config.errors import FAILED, UserError
+
 TOKEN_ENV = "HF_TOKEN"
 MASK = "***"
 SECRETS_TIMEOUT_S = 10
@@ -27,8 +29,11 @@ _installed: set[str] = set()
 _arns: dict[str, str] = {}  # secret id as configured -> the complete ARN Secrets Manager answered with
 
 
-class TokenError(RuntimeError):
-    """The token could not be fetched; the message names the secret and the field, never the value."""
+class TokenError(UserError, RuntimeError):
+    """The token could not be fetched; the message names the secret and the field, never the value. Found while
+    running (exit 1); a command that does not catch it prints it through `config.errors.run_cli`."""
+
+    exit_code = FAILED
 
 
 def token_from_secret_string(value: str) -> str:

@@ -26,6 +26,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from config.errors import UserError
+
 ADAPTER_NAME = "default"  # PEFT's name for a model's one adapter; the saved folder drops it
 ADAPTER_DIR = "adapter"  # the adapter folder, under the export location
 # peft 0.21.2 tuners/lora/layer.py: LoRA's parameters are `lora_A.<adapter>.weight` and `lora_B.<adapter>.weight`
@@ -33,7 +35,7 @@ ADAPTER_DIR = "adapter"  # the adapter folder, under the export location
 _A, _B, _BASE = f".lora_A.{ADAPTER_NAME}.weight", f".lora_B.{ADAPTER_NAME}.weight", ".base_layer."
 
 
-class LoraTargetError(ValueError):
+class LoraTargetError(UserError, ValueError):
     """`job.lora.target_modules` names something that is not a linear layer of the model."""
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import re
 
+from config.errors import UserError
+
 _LLAMA32_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 8192}
 
@@ -55,7 +57,7 @@ KNOWN: dict[str, dict] = {
 }
 
 
-class ArchitectureError(ValueError):
+class ArchitectureError(UserError, ValueError):
     """No architecture is known for `job.model` without the network."""
 
 
