@@ -98,9 +98,18 @@ def main(argv: list[str]) -> int:
         durations[test] += seconds
         if phase == "setup" and (startup is None or seconds > startup[0]):
             startup = (seconds, test)
+    log = REPO / "dist" / "cluster-tier-bench.log"
+    log.parent.mkdir(exist_ok=True)
+    log.write_text(output)
     if proc.returncode != 0:
+        # The first failure's traceback tail (its assertion and the timeline it printed), then pytest's summary;
+        # the whole output is in the log.
+        failures = output[output.find("= FAILURES ="):output.find("short test summary info")] \
+            if "= FAILURES =" in output else ""
+        print("\n".join(line[:400] for line in failures.splitlines()[-40:]))
         summary = output[output.find("short test summary info"):] if "short test summary info" in output else ""
         print("\n".join(line[:400] for line in summary.splitlines()[:30]))
+        print(f"pytest's whole output: {log}")
     print(f"cluster tier: pytest exit {proc.returncode}; summary: "
           f"{(output.strip().splitlines() or ['?'])[-1]}")
     if startup:

@@ -216,7 +216,7 @@ def test_a_head_that_never_answers_ssh_ends_ray_up_at_the_start_deadline(tier):
         tier.lab.start_sshd(head)
     took = time.monotonic() - start
     assert proc.returncode == 3, proc.stdout[-3000:]
-    assert "did not finish within job.start_deadline_minutes (0.5 min)" in message
+    assert "did not finish within job.start_deadline_minutes (0.5 min)" in message, proc.stdout[-3000:]
     print(f"stopped and cleaned up {took:.0f} s after the start (deadline 30 s)")
     _nothing_running(tier)
 

@@ -333,8 +333,13 @@ def test_a_lost_gpu_node_has_its_pods_replaced(env):
         timeline(f"{victim.metadata.name} evicted: Terminating on the lost node")
         _decided(env, "node-lost", timeline, timeout_s=120)
         decided = timeline("watchdog force-deleted the Terminating pod")
-        replaced = wait_for(lambda: (new := {p.metadata.name for p in gpu_pods(env)} - before) and new, 60,
-                            "KubeRay's replacement worker pod", interval_s=0.5)
+        try:
+            # 120 s: one full-tier bench run (2026-12-07, idle 2-core machine) saw no replacement within 60 s of the
+            # force delete; alone, and in every other run, it came within 2 s. The operator's log says why next time.
+            replaced = wait_for(lambda: (new := {p.metadata.name for p in gpu_pods(env)} - before) and new, 120,
+                                "KubeRay's replacement worker pod", interval_s=0.5)
+        except Exception as exc:
+            raise AssertionError(f"{exc}\nKubeRay operator log (tail):\n{lab.operator_log()[-6000:]}") from exc
         created = timeline(f"replacement created: {sorted(replaced)}; {victim.metadata.name} gone")
         assert victim.metadata.name not in {p.metadata.name for p in gpu_pods(env)}
         assert created > lost_at

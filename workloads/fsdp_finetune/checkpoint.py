@@ -13,10 +13,14 @@ DCP needs no shared file system for this: plans and metadata travel over the pro
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import os
 import random
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +116,40 @@ def rescale_data_state(data: dict, *, saved_world: int, world: int) -> dict:
     are seen twice, none skipped).
     """
     return {"epoch": int(data["epoch"]), "position": int(data["position"]) * saved_world // world}
+
+
+@contextlib.contextmanager
+def node_copy(checkpoint, *, local_rank: int) -> Iterator[str]:
+    """A Ray Train checkpoint as one local folder per node: local rank 0 downloads it, every rank reads it.
+
+    Collective: every rank must enter and leave it. Not Ray's `Checkpoint.as_directory`, which is unsafe for ranks of
+    one node that do not arrive together (ray 2.58.0, ray/train/_checkpoint.py `to_directory`): its file lock, taken
+    with timeout 0, only keeps two downloads from running at once, so a rank that arrives after the first download
+    ended downloads again into the same folder and truncates the files another rank is reading. Seen on the EC2
+    tier's resume with two ranks in one container (DCP: "global metadata read failed: Ran out of input"); each
+    g6.12xlarge worker pod holds 4 ranks. A checkpoint already on a local file system is read where it is."""
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        yield checkpoint.path
+        return
+    # The same name on every rank of the node (they share /tmp: one pod, one container, or the local demo's host).
+    folder = Path(tempfile.gettempdir()) / f"resume-{hashlib.sha256(checkpoint.path.encode()).hexdigest()[:16]}"
+    try:
+        if local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            checkpoint.to_directory(str(folder))
+        _barrier()  # every node's copy is complete before any rank reads
+        yield str(folder)
+        _barrier()  # every rank has read it before local rank 0 removes it
+    finally:
+        if local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def load_checkpoint(directory: str | os.PathLike, *, model, optimizer, scheduler, device: torch.device) -> dict:

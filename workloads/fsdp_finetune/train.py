@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
+from workloads.fsdp_finetune.checkpoint import export_hf_model, load_checkpoint, node_copy, save_checkpoint
 from workloads.fsdp_finetune.data import IGNORE_INDEX, to_device
 from workloads.fsdp_finetune.evaluate import HeldOutLoss
 from workloads.fsdp_finetune.loss import DEFAULT_CHUNK_TOKENS, loss_sum
@@ -249,6 +249,7 @@ class _Worker:
     config: dict
     rank: int
     world: int
+    local_rank: int
     device: torch.device
     mesh_plan: object
     mesh: object
@@ -352,8 +353,8 @@ def _prepare(config: dict, *, rank: int, world: int, local_rank: int) -> _Worker
     batches = ShardedBatches(train_ds, rank=rank, world_size=world, micro_batch_size=job["micro_batch_size"],
                              seed=job["seed"], varlen=uses_varlen(resolve_attn_implementation(
                                  job["attn_implementation"], device)))
-    return _Worker(config=config, rank=rank, world=world, device=device, mesh_plan=mesh_plan, mesh=mesh, path=path,
-                   tokenizer=tokenizer, batches=batches, held_out_records=held_out_records)
+    return _Worker(config=config, rank=rank, world=world, local_rank=local_rank, device=device, mesh_plan=mesh_plan,
+                   mesh=mesh, path=path, tokenizer=tokenizer, batches=batches, held_out_records=held_out_records)
 
 
 def _build(worker: _Worker, *, local_rank: int, local_world: int) -> None:
@@ -380,7 +381,7 @@ def _restore(worker: _Worker) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return
-    with checkpoint.as_directory() as directory:
+    with node_copy(checkpoint, local_rank=worker.local_rank) as directory:
         restored = load_checkpoint(directory, model=worker.model, optimizer=worker.optimizer,
                                    scheduler=worker.scheduler, device=worker.device)
     worker.step = worker.start_step = restored["step"]
