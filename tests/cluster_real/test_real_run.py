@@ -230,9 +230,11 @@ def _start_run(cluster, tmp_path) -> tuple[dict, Timeline]:
 
 
 def back_to_running(events: list[tuple[float, str]]) -> float:
-    """When the RayJob was RUNNING again after follow.sh's last resubmission (seconds on the timeline)."""
-    last = max(t for t, text in events if "resubmitting" in text)
-    return min(t for t, text in events if t >= last and text.startswith("RayJob Running/RUNNING"))
+    """When the RayJob last became RUNNING (seconds on the timeline): after follow.sh's last resubmission, the job
+    running again. Not "the first RUNNING after the line `resubmitting`": the timeline reads the RayJob's status and
+    the submitter's log on separate polls, and in one CI run the resubmitted job's RUNNING was seen 0.5 s before
+    follow.sh's line. The timeline records a status only when it changes, so the last RUNNING is the resumed run's."""
+    return max(t for t, text in events if text.startswith("RayJob Running/RUNNING"))
 
 
 def _report(entry: dict) -> None:
