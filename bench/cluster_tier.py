@@ -25,19 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.waiting import descendants  # noqa: E402  (the repository on the path first, as the other benches)
+
 MARKERS = (str(REPO / ".cache" / "k8s-lab" / "run-"), "/tmp/rayns")
-
-
-def _children() -> dict[int, list[int]]:
-    tree = defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree[ppid].append(int(entry.name))
-    return tree
 
 
 def _rss_kib(pid: int) -> int:
@@ -51,12 +43,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def _tier_pids(root: int) -> set[int]:
-    tree, found, stack = _children(), set(), [root]
-    while stack:
-        pid = stack.pop()
-        if pid not in found:
-            found.add(pid)
-            stack.extend(tree.get(pid, []))
+    found = descendants(root) | {root}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

@@ -1,4 +1,4 @@
-"""Bounded waits on a condition, and the end of a process group a test started: the one way tests do both.
+"""Bounded waits on a condition, and the end of the processes a test started: the one way tests do both.
 
 A test waits for the state it needs (a file, an HTTP answer, a scraped sample), never for time to pass; the
 poll interval below only sets how soon after the state appears the wait sees it.
@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -41,3 +42,22 @@ def kill_session(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=timeout_s)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from one read of /proc. For processes that leave their parent's group or session
+    (sshd's per-connection children, the lab's setsid'd components), which no group signal reaches."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.waiting import descendants
 from tests.ec2_tier.image import CACHE, Image
 
 SUBNET = "10.252.0"
@@ -272,7 +273,7 @@ class Lab:
         left open (Ray's ssh ControlMaster, ControlPersist) outlives a stopped listener and would carry the next
         `ray up`'s first commands through, so that `ray up` failed on its first new connection instead of waiting
         for SSH (seen in 2 of 3 full runs of this module)."""
-        serving = _descendants(host.sshd.pid)
+        serving = descendants(host.sshd.pid)
         host.sshd.send_signal(signal.SIGTERM)
         for pid in serving:
             with contextlib.suppress(ProcessLookupError):
@@ -321,23 +322,6 @@ class Lab:
             import shutil
 
             shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (sshd's per-connection children start sessions of their own, so no
-    process-group signal reaches them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _alive(pidfile: Path) -> bool:
