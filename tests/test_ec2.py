@@ -251,6 +251,14 @@ def test_idle_timeout_internal_ips_and_terminated_not_stopped(tmp_path):
     assert launcher["provider"]["cache_stopped_nodes"] is False
 
 
+def test_containers_stop_within_a_second_since_their_shell_ignores_sigterm():
+    from ops.launcher import STOP_TIMEOUT_S
+
+    # Every container (the head's and each worker's) takes the global run_options; below Docker's default 10 s.
+    assert 0 < STOP_TIMEOUT_S < 10
+    assert f"--stop-timeout={STOP_TIMEOUT_S}" in rendered(load_config())["docker"]["run_options"]
+
+
 def test_token_auth_reaches_every_container_from_the_stacks_secret():
     launcher = rendered(load_config())
     options = launcher["docker"]["run_options"]

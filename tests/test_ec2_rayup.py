@@ -10,8 +10,11 @@ Run alone: `make ec2-test` (9 min warm on two cores at a light load, 14 tests; b
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +32,8 @@ def tier(tmp_path_factory):
     with Tier(tmp_path_factory.mktemp("ec2-tier")) as tier:
         yield tier
         # Whatever a failed test left: `ray down` first (as a user would), then the hosts go (Lab.close).
-        tier.ray("down", "-y", str(tier.yaml), check=False, timeout=300)
+        if tier.cloud.running() or any(h.containers() for h in tier.lab.hosts):
+            tier.ray("down", "-y", str(tier.yaml), check=False, timeout=300)
 
 
 def _json_line(text: str):
@@ -85,6 +89,25 @@ def test_gpu_demand_makes_the_autoscaler_start_the_worker(tier):
     assert re.search(r"1 head\b", active) and re.search(r"1 gpu\b", active), status.stdout[-3000:]
 
 
+def test_names_resolve_as_in_a_vpc_and_no_packet_leaves_the_subnet(tier):
+    from tests.ec2_tier.hosts import ROUTER, sh
+
+    head, worker = tier.lab.hosts
+    # In the head's Ray container, as Ray and c10d look names up: the peer's name from /etc/hosts, and any other
+    # lookup refused by the loopback resolver (this machine's resolver, reached through its forwarding, never
+    # answered: 10 s per lookup).
+    out = head.docker("exec", "ray_container", "sh", "-c",
+                      f"getent hosts {worker.ip}; getent hosts example.com; echo exit=$?; cat /etc/resolv.conf")
+    assert f"{worker.ip}" in out.stdout and worker.dns_name in out.stdout, out.stdout
+    assert "exit=2" in out.stdout, out.stdout  # getent: 2 = not found
+    assert [line for line in out.stdout.splitlines() if line.startswith("nameserver")] == ["nameserver 127.0.0.1"]
+    # Off-subnet packets go to the switch namespace's address, which forwards nothing.
+    for host in tier.lab.hosts:
+        assert sh("ip", "-n", host.netns, "route", "show", "default").stdout.split()[:3] == ["default", "via", ROUTER]
+    forward = sh("ip", "netns", "exec", tier.lab.switch, "cat", "/proc/sys/net/ipv4/ip_forward").stdout.strip()
+    assert forward == "0"
+
+
 def test_ray_job_submit_runs_on_the_cluster(tier):
     out = tier.ray("exec", str(tier.yaml), "ray job submit --address http://127.0.0.1:8265 -- "
                    "python /opt/ec2-tier/probe.py nodes")
@@ -104,6 +127,8 @@ def test_the_ray_token_is_in_no_docker_inspect_and_the_cluster_authenticates(tie
             inspect = host.docker("inspect", name).stdout
             assert tier.token not in inspect, f"{host.name}/{name}: the Ray token is in docker inspect"
             assert f"RAY_AUTH_TOKEN_PATH={AUTH_TOKEN_FILE}" in inspect
+            # The rendered --stop-timeout reached Docker (ops.launcher.STOP_TIMEOUT_S: `ray down` waits 1 s, not 10).
+            assert json.loads(inspect)[0]["Config"]["StopTimeout"] == 1
             inspected += 1
             # The host's file as the container sees it: root-only, read-only.
             mode = host.docker("exec", name, "stat", "-c", "%a %u", AUTH_TOKEN_FILE).stdout.split()
@@ -124,13 +149,63 @@ def test_ray_down_removes_every_container(tier):
     assert [h.containers() for h in tier.lab.hosts] == [[], []]
 
 
+# ---- a fine-tune across both containers, the worker's container killed, an exact resume (issue 34 point 3) ------
+# tests/fixtures/ec2-finetune.yaml: one CPU worker with two logical GPUs (two Ray Train workers on gloo in the
+# worker's container; the driver and Ray Train's controller in the head's), the demo's tiny model from S3, a
+# checkpoint every 20 of 80 steps to the tier's S3 server. Brought up with `python -m ops.launcher up` and
+# submitted with /app/submit.sh, as docs/ec2.md says. The worker's container is killed (`docker kill`, as an OOM
+# kill or a crashed daemon would end it; the instance lives on) once the first checkpoint is registered in S3; the
+# head's autoscaler restarts Ray there, Ray Train restarts the worker group and resumes from that checkpoint. The
+# run must then equal an unbroken one bit for bit: every step's loss and the exported weights
+# (tests/ec2_tier/reference.py, trained on this machine meanwhile).
+
+SUBMISSION_ID = "ec2-tier-1"
+FIRST_CHECKPOINT = "checkpoint_step_0000020"
+FINETUNE_TIMEOUT_S = 900
+# Production values for the cost (docs/failure-handling.md): the GPU nodes of config/cluster.yaml.
+PRODUCTION_GPU_NODES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTune:
+    yaml: object  # tests.ec2_tier.tier.FineTuneYaml
+    reference: subprocess.Popen
+    reference_dir: Path
+
+
+@pytest.fixture(scope="module")
+def finetune(tier, tmp_path_factory):
+    """The fine-tune's YAML, and its unbroken reference run started in the background (stopped at the end if it
+    still runs). Asked for first by the YAML test, which runs before the bad-input tests: the reference trains on
+    this machine's two cores while those mostly wait on `ray up`, not while the fine-tune's cluster starts."""
+    from harness.driver_run import kill_group
+    from tests.ec2_tier.tier import FINETUNE_FILE, REPO
+
+    rendered = tier.render_finetune()
+    ref_dir = tmp_path_factory.mktemp("reference")
+    env = {k: v for k, v in tier.env().items() if k != "PYTHONPATH"}
+    with (ref_dir / "reference.log").open("wb") as log:
+        reference = subprocess.Popen([sys.executable, "-m", "tests.ec2_tier.reference", str(FINETUNE_FILE),
+                                      str(rendered.model_dir), str(ref_dir)], cwd=REPO, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield FineTune(rendered, reference, ref_dir)
+    finally:
+        if reference.poll() is None:
+            kill_group(reference)
+
+
+def test_the_fine_tune_yaml_differs_only_by_declared_substitutions(finetune):
+    print(substitutions.table_text(finetune.yaml.table))
+    assert substitutions.undeclared(finetune.yaml.rendered, finetune.yaml.data, finetune.yaml.table) == []
+    worker = finetune.yaml.data["available_node_types"]["cpu"]
+    assert worker["resources"]["logical_gpu"] == 2 and worker["resources"]["GPU"] == 0
+
+
 # ---- bad input and the start deadline: `python -m ops.launcher up` (ops/launcher_up.py) --------------
 # Each ends non-zero with one message naming what to fix, and leaves no instance (no container) running.
 
 def _launcher_up(tier, *, deadline_minutes: float = 30, yaml_path=None, config_file=None):
-    import subprocess
-    import sys
-
     from tests.helpers import write_variant
 
     if config_file is None:
@@ -209,74 +284,41 @@ def test_a_docker_daemon_that_is_not_running_stops_ray_up_naming_it(tier):
 def test_a_head_that_never_answers_ssh_ends_ray_up_at_the_start_deadline(tier):
     head = tier.lab.hosts[0]
     tier.lab.stop_sshd(head)
+    calls = len(tier.cloud.calls)
     start = time.monotonic()
     try:
-        proc, message = _launcher_up(tier, deadline_minutes=0.5)
+        proc, message = _launcher_up(tier, deadline_minutes=0.25)
     finally:
         tier.lab.start_sshd(head)
     took = time.monotonic() - start
     assert proc.returncode == 3, proc.stdout[-3000:]
-    assert "did not finish within job.start_deadline_minutes (0.5 min)" in message, proc.stdout[-3000:]
-    print(f"stopped and cleaned up {took:.0f} s after the start (deadline 30 s)")
+    assert "did not finish within job.start_deadline_minutes (0.25 min)" in message, proc.stdout[-3000:]
+    # The head was launched and waited on (not stopped before it existed), then terminated by the `ray down`.
+    assert tier.cloud.calls[calls:] == ["create head x1", "terminate head"], tier.cloud.calls[calls:]
+    print(f"stopped and cleaned up {took:.0f} s after the start (deadline 15 s)")
     _nothing_running(tier)
 
 
-# ---- a fine-tune across both containers, the worker's container killed, an exact resume (issue 34 point 3) ------
-# tests/fixtures/ec2-finetune.yaml: one CPU worker with two logical GPUs (two Ray Train workers on gloo in the
-# worker's container; the driver and Ray Train's controller in the head's), the demo's tiny model from S3, a
-# checkpoint every 20 of 160 steps to the tier's S3 server. Brought up with `python -m ops.launcher up` and
-# submitted with /app/submit.sh, as docs/ec2.md says. The worker's container is killed (`docker kill`, as an OOM
-# kill or a crashed daemon would end it; the instance lives on) once the first checkpoint is registered in S3; the
-# head's autoscaler restarts Ray there, Ray Train restarts the worker group and resumes from that checkpoint. The
-# run must then equal an unbroken one bit for bit: every step's loss and the exported weights
-# (tests/ec2_tier/reference.py, trained on this machine meanwhile).
+# ---- the fine-tune itself (its YAML and reference: the section above) --------------------------------------------
 
-SUBMISSION_ID = "ec2-tier-1"
-FIRST_CHECKPOINT = "checkpoint_step_0000020"
-FINETUNE_TIMEOUT_S = 900
-# Production values for the cost (docs/failure-handling.md): the GPU nodes of config/cluster.yaml.
-PRODUCTION_GPU_NODES = 2
-
-
-@pytest.fixture(scope="module")
-def finetune(tier):
-    return tier.render_finetune()
-
-
-def test_the_fine_tune_yaml_differs_only_by_declared_substitutions(finetune):
-    print(substitutions.table_text(finetune.table))
-    assert substitutions.undeclared(finetune.rendered, finetune.data, finetune.table) == []
-    worker = finetune.data["available_node_types"]["cpu"]
-    assert worker["resources"]["logical_gpu"] == 2 and worker["resources"]["GPU"] == 0
-
-
-def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_killed(tier, finetune,
-                                                                                       tmp_path_factory):
-    import subprocess
-    import sys
-
+def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_killed(tier, finetune):
     from harness.driver_run import same_weights, weights
     from harness.waiting import wait_for
     from tests.ec2_tier.finetune import RunInS3, Watch
-    from tests.ec2_tier.tier import FINETUNE_FILE, REPO
+    from tests.ec2_tier.tier import FINETUNE_FILE
     from workloads.fsdp_finetune.run_plan import cluster_plan
 
-    config = finetune.config
+    config = finetune.yaml.config
     plan = cluster_plan(config, bucket=config.storage.bucket_name)
     run = RunInS3(tier.s3(), plan.run_dir, plan.export_uri)
     head, worker = tier.lab.hosts
-    ref_dir = tmp_path_factory.mktemp("reference")
-    env = {k: v for k, v in tier.env().items() if k != "PYTHONPATH"}
-    with (ref_dir / "reference.log").open("wb") as log:
-        reference = subprocess.Popen([sys.executable, "-m", "tests.ec2_tier.reference", str(FINETUNE_FILE),
-                                      str(finetune.model_dir), str(ref_dir)], cwd=REPO, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-    yaml_path = str(finetune.path)
+    ref_dir, reference = finetune.reference_dir, finetune.reference
+    yaml_path = str(finetune.yaml.path)
     watch = Watch(run, worker)
     follow = None
     try:
         start = time.monotonic()
-        proc, message = _launcher_up(tier, yaml_path=finetune.path, config_file=FINETUNE_FILE)
+        proc, message = _launcher_up(tier, yaml_path=finetune.yaml.path, config_file=FINETUNE_FILE)
         assert proc.returncode == 0, f"{message}\n{proc.stdout[-4000:]}"
         print(f"python -m ops.launcher up (the fine-tune's head): {time.monotonic() - start:.0f} s")
         watch.start = time.monotonic()
@@ -316,7 +358,9 @@ def test_a_fine_tune_across_both_containers_resumes_exactly_after_the_worker_is_
     assert {r.get("resumed_from_step") for r in rows if r["step"] > 20} == {20}, rows[18:24]
 
     # Bit for bit the unbroken run: every step's loss (those trained before the kill too) and the exported weights.
+    waited = time.monotonic()
     assert reference.wait(timeout=FINETUNE_TIMEOUT_S) == 0, (ref_dir / "reference.log").read_text()[-4000:]
+    print(f"waited {time.monotonic() - waited:.1f} s for the reference run (started before the bad-input tests)")
     ref_rows = [json.loads(line) for line in (ref_dir / config.job.run_name / "metrics.jsonl").read_text().splitlines()
                 if line.strip()]
     ref_loss = {r["step"]: r["loss"] for r in ref_rows if "loss" in r}

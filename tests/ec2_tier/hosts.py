@@ -6,6 +6,14 @@ a switch namespace holds a bridge; this machine's end `ry<pid>h` has 10.252.0.1 
 the fake cloud, moto); host i gets 10.252.0.(i+2) on its `eth0`. The bridge lives in its own namespace so
 this machine's iptables (another daemon's FORWARD DROP) never sees the traffic between hosts.
 
+Nothing leaves the subnet. A host's default route (Ray finds its node IP by the route to 8.8.8.8: ray 2.58.0
+ray/_private/services.py node_ip_address_from_perspective) points at the bridge's own address 10.252.0.254, in
+the switch namespace, which forwards nothing; not at this machine, which forwards (ip_forward=1) to its real
+network. Names resolve as a VPC's resolver would answer them, at once: each host's /etc/hosts names every host
+(ip-10-252-0-N, the form of an EC2 private DNS name) and its /etc/resolv.conf names only its own loopback, where
+nothing listens, so any other lookup fails at once. With this machine's resolver every lookup (c10d's reverse
+lookup of its peers, `getent`) waited 10 s for a resolver that does not answer from the subnet.
+
 Each host's processes (dockerd with its containerd, and sshd) share one private mount namespace in which
 /run, /tmp and /home are the host's own, and /etc/passwd has `ec2-user` (uid 0: the DLAMI's ec2-user may run
 docker and sudo; this machine has no sudo). dockerd is started inside it, not with `ip netns exec` (which
@@ -30,6 +38,8 @@ from tests.ec2_tier.image import CACHE, Image
 
 SUBNET = "10.252.0"
 GATEWAY = f"{SUBNET}.1"
+ROUTER = f"{SUBNET}.254"
+"""The hosts' default route: the bridge's address in the switch namespace, which forwards nothing."""
 SSH_USER = "ec2-user"
 DOCKERD_START_S = 60.0
 SSHD_START_S = 15.0
@@ -65,6 +75,11 @@ class Host:
     dockerd_cmd: str = ""
     sshd_cmd: str = ""
     log: list[str] = field(default_factory=list)
+
+    @property
+    def dns_name(self) -> str:
+        """The name a VPC's resolver gives this private IP (the region's suffix left out)."""
+        return "ip-" + self.ip.replace(".", "-")
 
     @property
     def docker_sock(self) -> Path:
@@ -122,6 +137,8 @@ class Lab:
         self._netns(self.switch)
         sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        sh("ip", "netns", "exec", self.switch, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_forward")
+        sh("ip", "-n", self.switch, "addr", "add", f"{ROUTER}/24", "dev", "br0")
         here = f"{self.ifprefix}h"
         sh("ip", "link", "add", here, "type", "veth", "peer", "name", f"{here}s")
         self.made_links.append(here)
@@ -140,7 +157,7 @@ class Lab:
             sh("ip", "-n", host.netns, "link", "set", end, "name", "eth0")
             sh("ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
             sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
-            sh("ip", "-n", host.netns, "route", "add", "default", "via", GATEWAY)
+            sh("ip", "-n", host.netns, "route", "add", "default", "via", ROUTER)
             host.net_inode = os.stat(f"/var/run/netns/{host.netns}").st_ino
 
     # ---- one host ----------------------------------------------------------------------------------
@@ -160,6 +177,9 @@ class Lab:
         shadow = Path("/etc/shadow").read_text()
         (d / "shadow").write_text(shadow + f"{SSH_USER}:*:19000:0:99999:7:::\n")
         (d / "shadow").chmod(0o600)
+        names = "".join(f"{h.ip} {h.dns_name}\n" for h in self.hosts)
+        (d / "hosts").write_text(Path("/etc/hosts").read_text().rstrip("\n") + "\n" + names)
+        (d / "resolv.conf").write_text("nameserver 127.0.0.1\n")
         hostkey = d / "ssh_host_ed25519_key"
         if not hostkey.exists():
             sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
@@ -173,6 +193,7 @@ class Lab:
             "mount -t tmpfs tmpfs /run", "mkdir -p /run/sshd",
             f"mount --bind {d}/tmp /tmp", f"mount --bind {d}/home /home",
             f"mount --bind {d}/passwd /etc/passwd", f"mount --bind {d}/shadow /etc/shadow",
+            f"mount --bind {d}/hosts /etc/hosts", f"mount --bind {d}/resolv.conf /etc/resolv.conf",
             # /usr/local/sbin is first on a root login shell's PATH (Debian /etc/profile): the `aws` shim.
             f"mount --bind {shim_dir or d / 'sbin'} /usr/local/sbin",
         ]
