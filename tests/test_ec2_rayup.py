@@ -4,7 +4,7 @@ and dockerd and the DLC stand-in image (tests/ec2_tier/, docs/ec2.md "The ray up
 
 Only the declared substitutions differ from the rendered YAML (the first test prints them). Never skipped: a
 machine that cannot make namespaces or start dockerd/sshd fails here (CI installs them: .ci/run).
-Run alone: `make ec2-test` (9 min warm on two cores at a light load, 14 tests; bench/ec2_tier.py measures it).
+Run alone: `make ec2-test` (about 4.5 min warm on two idle cores, 15 tests; bench/ec2_tier.py measures it).
 """
 
 from __future__ import annotations

@@ -193,7 +193,11 @@ class Lab:
             "mount -t tmpfs tmpfs /run", "mkdir -p /run/sshd",
             f"mount --bind {d}/tmp /tmp", f"mount --bind {d}/home /home",
             f"mount --bind {d}/passwd /etc/passwd", f"mount --bind {d}/shadow /etc/shadow",
-            f"mount --bind {d}/hosts /etc/hosts", f"mount --bind {d}/resolv.conf /etc/resolv.conf",
+            # Onto the file the name resolves to: a resolv.conf that links into /run (systemd-resolved's stub)
+            # points into the host's own, empty /run by now.
+            *(f't=$(readlink -m {dest}) && mkdir -p "$(dirname "$t")" && {{ [ -e "$t" ] || : > "$t"; }} && '
+              f'mount --bind {d}/{src} "$t"' for src, dest in (("hosts", "/etc/hosts"),
+                                                              ("resolv.conf", "/etc/resolv.conf"))),
             # /usr/local/sbin is first on a root login shell's PATH (Debian /etc/profile): the `aws` shim.
             f"mount --bind {shim_dir or d / 'sbin'} /usr/local/sbin",
         ]
