@@ -157,7 +157,7 @@ def test_ray_down_removes_every_container(tier):
 # kill or a crashed daemon would end it; the instance lives on) once the first checkpoint is registered in S3; the
 # head's autoscaler restarts Ray there, Ray Train restarts the worker group and resumes from that checkpoint. The
 # run must then equal an unbroken one bit for bit: every step's loss and the exported weights
-# (tests/ec2_tier/reference.py, trained on this machine meanwhile).
+# (tests/ec2_tier/reference.py, trained on this machine during the bad-input tests: the `finetune` fixture).
 
 SUBMISSION_ID = "ec2-tier-1"
 FIRST_CHECKPOINT = "checkpoint_step_0000020"
