@@ -193,11 +193,7 @@ class Lab:
             "mount -t tmpfs tmpfs /run", "mkdir -p /run/sshd",
             f"mount --bind {d}/tmp /tmp", f"mount --bind {d}/home /home",
             f"mount --bind {d}/passwd /etc/passwd", f"mount --bind {d}/shadow /etc/shadow",
-            # Onto the file the name resolves to: a resolv.conf that links into /run (systemd-resolved's stub)
-            # points into the host's own, empty /run by now.
-            *(f't=$(readlink -m {dest}) && mkdir -p "$(dirname "$t")" && {{ [ -e "$t" ] || : > "$t"; }} && '
-              f'mount --bind {d}/{src} "$t"' for src, dest in (("hosts", "/etc/hosts"),
-                                                              ("resolv.conf", "/etc/resolv.conf"))),
+            _bind_onto_target(d / "hosts", "/etc/hosts"), _bind_onto_target(d / "resolv.conf", "/etc/resolv.conf"),
             # /usr/local/sbin is first on a root login shell's PATH (Debian /etc/profile): the `aws` shim.
             f"mount --bind {shim_dir or d / 'sbin'} /usr/local/sbin",
         ]
@@ -347,6 +343,13 @@ class Lab:
             import shutil
 
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _bind_onto_target(src: Path, dest: str) -> str:
+    """`mount --bind src` onto the file `dest` resolves to, made if missing: a resolv.conf that links into /run
+    (systemd-resolved's stub) points into the host's own, empty /run by the time this runs."""
+    return (f't=$(readlink -m {dest}) && mkdir -p "$(dirname "$t")" && {{ [ -e "$t" ] || : > "$t"; }} && '
+            f'mount --bind {src} "$t"')
 
 
 def _alive(pidfile: Path) -> bool:
